@@ -1,0 +1,1 @@
+"""meterchat: a browser chat server for LLMs with a context meter that follows the served route."""

@@ -1,0 +1,133 @@
+"""One exception tree for everything a user can be told about.
+
+    MeterchatError
+    ├── ConfigError                 bad settings file or environment (start-up stops)
+    ├── ClientError                 the client sent something we cannot act on
+    │   ├── BadFrame                malformed JSON, missing or mistyped field
+    │   ├── UnknownFrameType
+    │   ├── UnknownRoute            switch_model / hint naming nothing configured
+    │   ├── ImageRejected           too large, bad base64, unsupported type
+    │   └── Busy                    a turn is already in flight
+    ├── CapacityExceeded            the prepared request does not fit the known window
+    ├── HistoryUnfit                overflow recovery could not drop any turn
+    └── ProviderError               translated once, at each provider's boundary
+        ├── ContextOverflow         the provider says the prompt is too long
+        ├── RateLimited             retry_after seconds when the provider says
+        ├── Overloaded
+        ├── Unavailable             connection refused, timeout, 5xx
+        ├── AuthError               401/403
+        └── ProtocolError           a reply we cannot parse, or a 4xx we do not know
+
+``error_frame`` turns any of them (or any other exception) into the body of an ``error`` frame.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MeterchatError(Exception):
+    code = "internal_error"
+    retryable = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConfigError(MeterchatError):
+    code = "config_error"
+
+
+class ClientError(MeterchatError):
+    code = "bad_request"
+
+
+class BadFrame(ClientError):
+    code = "bad_frame"
+
+
+class UnknownFrameType(ClientError):
+    code = "unknown_type"
+
+
+class UnknownRoute(ClientError):
+    code = "unknown_route"
+
+
+class ImageRejected(ClientError):
+    code = "image_rejected"
+
+
+class Busy(ClientError):
+    code = "busy"
+    retryable = True
+
+
+class CapacityExceeded(MeterchatError):
+    code = "capacity_exceeded"
+
+    def __init__(self, message: str, *, estimated: int, window: int) -> None:
+        super().__init__(message)
+        self.estimated = estimated
+        self.window = window
+
+
+class HistoryUnfit(MeterchatError):
+    code = "context_overflow_unrecoverable"
+
+
+class ProviderError(MeterchatError):
+    code = "provider_error"
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ContextOverflow(ProviderError):
+    code = "context_overflow"
+
+
+class RateLimited(ProviderError):
+    code = "rate_limited"
+    retryable = True
+
+    def __init__(
+        self, message: str, *, status: int | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message, status=status)
+        self.retry_after = retry_after
+
+
+class Overloaded(ProviderError):
+    code = "overloaded"
+    retryable = True
+
+
+class Unavailable(ProviderError):
+    code = "unavailable"
+    retryable = True
+
+
+class AuthError(ProviderError):
+    code = "auth_error"
+
+
+class ProtocolError(ProviderError):
+    code = "protocol_error"
+
+
+def error_frame(exc: BaseException, *, turn_id: str | None = None) -> dict[str, Any]:
+    """The one shape every error takes on the wire: ``{type, code, message, retryable, turn_id?}``."""
+    if isinstance(exc, MeterchatError):
+        body: dict[str, Any] = {"code": exc.code, "message": exc.message, "retryable": exc.retryable}
+        if isinstance(exc, RateLimited) and exc.retry_after is not None:
+            body["retry_after"] = exc.retry_after
+    else:
+        body = {"code": "internal_error", "message": f"internal error: {type(exc).__name__}",
+                "retryable": False}
+    frame = {"type": "error", **body}
+    if turn_id is not None:
+        frame["turn_id"] = turn_id
+    return frame

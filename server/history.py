@@ -1,0 +1,128 @@
+"""The provider-facing chat history and its token estimate.
+
+Pure: no I/O, no clock, no globals. A ``ChatMessage`` measures its own text once and keeps the
+figure, so estimating a history costs one addition per message and a turn's work grows with the new
+messages, not with the history.
+
+Roles are ``system``, ``user``, ``assistant`` and ``tool`` (a tool result; each provider dialect
+rewrites it to its own shape when sending). Estimate per message: ceil(UTF-8 bytes / 4) + 4, plus
+``image_token_cost`` for each image that is actually sent: images on user messages, and images a
+tool declared on results inside the current user turn. Older tool results count as their bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+BREADCRUMB_TEXT = "[earlier turns omitted to fit the context window]"
+TOOL_RESULTS_PREFIX = "[Tool results]"
+DEFAULT_IMAGE_TOKEN_COST = 1000
+MESSAGE_OVERHEAD_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Image:
+    media_type: str
+    data: str  # base64, as it came from the client
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(eq=False)
+class ChatMessage:
+    """One message of a session's transcript.
+
+    ``trimmed`` and ``excluded`` mark a message that is kept in the transcript but no longer sent;
+    ``breadcrumb`` and ``summary`` mark messages the runtime wrote itself.
+    """
+
+    role: str
+    content: str
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    images: list[Image] | None = None
+    name: str | None = None  # the tool's name on a tool result
+    breadcrumb: bool = False
+    summary: bool = False
+    trimmed: bool = False
+    excluded: str | None = None
+    interrupted: bool = False
+    id: str = field(default_factory=_new_id)
+    _text_tokens: int | None = field(default=None, repr=False)
+
+    @property
+    def text_tokens(self) -> int:
+        """Tokens of the text (and tool-call arguments) with the per-message overhead; measured once."""
+        if self._text_tokens is None:
+            self._text_tokens = _measure(self)
+        return self._text_tokens
+
+    def set_content(self, content: str) -> None:
+        self.content = content
+        self._text_tokens = None
+
+    @property
+    def is_hidden(self) -> bool:
+        return self.trimmed or self.excluded is not None
+
+
+def _measure(message: ChatMessage) -> int:
+    size = len(message.content.encode("utf-8"))
+    for call in message.tool_calls or ():
+        size += len(call.name.encode("utf-8"))
+        size += len(json.dumps(call.arguments, ensure_ascii=False).encode("utf-8"))
+    return -(-size // 4) + MESSAGE_OVERHEAD_TOKENS
+
+
+def is_turn_start(message: ChatMessage) -> bool:
+    """A turn starts at a real user message: not the breadcrumb, not a summary, not tool output."""
+    if message.role != "user" or message.breadcrumb or message.summary:
+        return False
+    return not message.content.startswith(TOOL_RESULTS_PREFIX)
+
+
+def current_turn_start(messages: Sequence[ChatMessage]) -> int:
+    for index in range(len(messages) - 1, -1, -1):
+        if is_turn_start(messages[index]):
+            return index
+    return len(messages)
+
+
+def image_tokens(message: ChatMessage, *, in_current_turn: bool, image_token_cost: int) -> int:
+    if not message.images:
+        return 0
+    if message.role == "user" or (message.role == "tool" and in_current_turn):
+        return len(message.images) * image_token_cost
+    return 0
+
+
+def estimate_history_tokens(
+    messages: Sequence[ChatMessage], image_token_cost: int = DEFAULT_IMAGE_TOKEN_COST
+) -> int:
+    """Estimated prompt tokens of ``messages`` as they would be sent."""
+    total = 0
+    turn_start = current_turn_start(messages)
+    for index, message in enumerate(messages):
+        total += message.text_tokens
+        total += image_tokens(
+            message, in_current_turn=index >= turn_start, image_token_cost=image_token_cost
+        )
+    return total
+
+
+def visible(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
+    """The messages that are still sent: everything not trimmed or excluded."""
+    return [message for message in messages if not message.is_hidden]

@@ -1,0 +1,83 @@
+"""The one interface every provider dialect implements.
+
+A provider turns a ``ProviderRequest`` into an async stream of ``StreamEvent``s and translates every
+failure of its dialect into ``server.errors.ProviderError`` subclasses at its boundary, so the turn
+loop never sees httpx exceptions or dialect error bodies. ``context_window`` asks the provider's
+metadata for a model's capacity (None when the dialect cannot say).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from server.history import ChatMessage
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    parameters: dict[str, Any]  # JSON schema of the arguments object
+
+
+@dataclass(frozen=True)
+class ProviderRequest:
+    model: str
+    messages: Sequence[ChatMessage]
+    tools: Sequence[ToolSpec] = ()
+    max_output_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ThinkingDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallEvent:
+    """A complete tool call (dialects that stream fragments join them before yielding this)."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens as the provider reports them; input counts everything the prompt occupied."""
+
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class Finish:
+    reason: str  # stop | length | tool_calls | ... as the dialect says, normalised where obvious
+    model: str | None = None  # the model the provider says served the call, when it says
+
+
+StreamEvent = TextDelta | ThinkingDelta | ToolCallEvent | Usage | Finish
+
+
+@dataclass(frozen=True)
+class WindowInfo:
+    tokens: int
+    source: str = "provider"
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Provider(Protocol):
+    kind: str
+
+    def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]: ...
+
+    async def context_window(self, model: str) -> WindowInfo | None: ...
+
+    async def aclose(self) -> None: ...
