@@ -60,6 +60,7 @@ class ChatMessage:
     trimmed: bool = False
     excluded: str | None = None
     interrupted: bool = False
+    turn_id: str | None = None  # the user turn this message belongs to (set by the session)
     id: str = field(default_factory=_new_id)
     _text_tokens: int | None = field(default=None, repr=False)
 
