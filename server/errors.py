@@ -7,7 +7,10 @@
     │   ├── UnknownFrameType
     │   ├── UnknownRoute            switch_model / hint naming nothing configured
     │   ├── ImageRejected           too large, bad base64, unsupported type
-    │   └── Busy                    a turn is already in flight
+    │   ├── Busy                    a turn is already in flight
+    │   ├── UnknownSession          no stored session has that id
+    │   ├── SessionExists           creating a session under an id already stored
+    │   └── ImportRejected          an exported session file of the wrong shape
     ├── CapacityExceeded            the prepared request does not fit the known window
     ├── HistoryUnfit                overflow recovery could not drop any turn
     └── ProviderError               translated once, at each provider's boundary
@@ -64,6 +67,18 @@ class Busy(ClientError):
     retryable = True
 
 
+class UnknownSession(ClientError):
+    code = "unknown_session"
+
+
+class SessionExists(ClientError):
+    code = "session_exists"
+
+
+class ImportRejected(ClientError):
+    code = "import_rejected"
+
+
 class CapacityExceeded(MeterchatError):
     code = "capacity_exceeded"
 
@@ -87,6 +102,14 @@ class ProviderError(MeterchatError):
 
 class ContextOverflow(ProviderError):
     code = "context_overflow"
+
+    def __init__(
+        self, message: str, *, status: int | None = None, requested_tokens: int | None = None,
+        limit_tokens: int | None = None,
+    ) -> None:
+        super().__init__(message, status=status)
+        self.requested_tokens = requested_tokens  # prompt tokens the provider counted, when it says
+        self.limit_tokens = limit_tokens  # the window it enforced, when it says
 
 
 class RateLimited(ProviderError):
