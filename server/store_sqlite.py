@@ -1,0 +1,318 @@
+"""The embedded store: one SQLite file, ``meterchat.sqlite3``, under the data directory.
+
+WAL journal with ``synchronous=NORMAL``: a committed write survives the process being killed
+(SIGKILL included); only a power cut can lose the last few commits. The schema is created on open
+and its version kept in ``schema_version``; a file written by a newer schema stops start-up.
+
+Threading: one connection, opened with ``check_same_thread=False`` and serialised by a
+``threading.Lock`` held inside the worker thread that ``anyio.to_thread.run_sync`` runs each call
+in, so the event loop never blocks on the disk and calls from any event loop (a test client's
+portal, the server's loop) are safe. Messages are turned into rows on the caller's thread before
+the hand-off, so a reply still streaming into a ``ChatMessage`` cannot change under the write.
+
+Order: each message has a REAL ``position``; append takes ``max + 1`` (positions may be sparse),
+``insert_message`` takes the midpoint of its neighbours and renumbers the session on the rare day
+the floats run out of room between them.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio.to_thread
+
+from server.errors import ConfigError, SessionExists, UnknownSession
+from server.history import ChatMessage
+from server.store import (
+    CallRecord,
+    SessionSummary,
+    StoredSession,
+    images_to_data,
+    message_from_data,
+    tool_calls_to_data,
+)
+
+SCHEMA_VERSION = 1
+FILE_NAME = "meterchat.sqlite3"
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY, title TEXT NOT NULL, route TEXT NOT NULL,
+    created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS messages (
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    id TEXT NOT NULL, position REAL NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
+    tool_calls TEXT, tool_call_id TEXT, images TEXT, name TEXT,
+    breadcrumb INTEGER NOT NULL, summary INTEGER NOT NULL, trimmed INTEGER NOT NULL,
+    excluded TEXT, interrupted INTEGER NOT NULL, turn_id TEXT,
+    PRIMARY KEY (session_id, id));
+CREATE INDEX IF NOT EXISTS messages_order ON messages (session_id, position);
+CREATE TABLE IF NOT EXISTS calls (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    turn_id TEXT, provider TEXT NOT NULL, model TEXT NOT NULL, route_kind TEXT NOT NULL,
+    input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, tokens_source TEXT NOT NULL,
+    cost_usd REAL, created_at TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS calls_session ON calls (session_id, seq);
+"""
+
+# Columns after (session_id, id, position); the order of ``_row`` and of the SELECT below.
+_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "images", "name", "breadcrumb",
+           "summary", "trimmed", "excluded", "interrupted", "turn_id")
+_INSERT = (f"INSERT INTO messages (session_id, id, position, {', '.join(_FIELDS)}) "
+           f"VALUES ({', '.join('?' * (len(_FIELDS) + 3))})")
+_UPSERT = (_INSERT + " ON CONFLICT (session_id, id) DO UPDATE SET "
+           + ", ".join(f"{name} = excluded.{name}" for name in _FIELDS))
+_SELECT = f"SELECT id, {', '.join(_FIELDS)} FROM messages WHERE session_id = ? ORDER BY position"
+_CALL_FIELDS = ("turn_id", "provider", "model", "route_kind", "input_tokens", "output_tokens",
+                "tokens_source", "cost_usd", "created_at")
+_SUMMARY = ("SELECT s.id, s.title, s.route, s.created_at, s.updated_at, "
+            "(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id) FROM sessions s")
+
+Row = tuple[Any, ...]
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def _row(message: ChatMessage) -> Row:
+    """(id, *fields) of ``message``; built on the caller's thread."""
+    return (message.id, message.role, message.content, _json(tool_calls_to_data(message.tool_calls)),
+            message.tool_call_id, _json(images_to_data(message.images)), message.name,
+            int(message.breadcrumb), int(message.summary), int(message.trimmed), message.excluded,
+            int(message.interrupted), message.turn_id)
+
+
+def _message(row: Row) -> ChatMessage:
+    data = dict(zip(("id", *_FIELDS), row, strict=True))
+    for key in ("tool_calls", "images"):
+        if data[key] is not None:
+            data[key] = json.loads(data[key])
+    return message_from_data(data)
+
+
+class _Clock:
+    """UTC ISO-8601 timestamps, strictly increasing within a store so "newest first" is exact."""
+
+    def __init__(self) -> None:
+        self._last = datetime.fromtimestamp(0, UTC)
+
+    def now(self) -> str:
+        current = datetime.now(UTC)
+        if current <= self._last:
+            current = self._last + timedelta(microseconds=1)
+        self._last = current
+        return current.isoformat(timespec="microseconds")
+
+
+class SqliteStore:
+    """The ``server.store.Store`` contract on one SQLite file; build it with ``open_store``."""
+
+    def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
+        self.path = path
+        self._conn = connection
+        self._lock = threading.Lock()
+        self._clock = _Clock()
+
+    @classmethod
+    def open(cls, data_dir: str | Path) -> SqliteStore:
+        folder = Path(data_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / FILE_NAME
+        connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10)
+        try:
+            _prepare(connection, path)
+        except BaseException:
+            connection.close()
+            raise
+        return cls(connection, path)
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await anyio.to_thread.run_sync(partial(self._locked, fn, *args))
+
+    def _locked(self, fn: Callable[..., T], *args: Any) -> T:
+        with self._lock:
+            return fn(*args)
+
+    def _write(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn`` in one immediate transaction: committed when this returns, else rolled back."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(*args)
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+        return result
+
+    def _touch(self, session_id: str) -> str:
+        now = self._clock.now()
+        cursor = self._conn.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (now, session_id))
+        if cursor.rowcount == 0:
+            raise UnknownSession(f"no session {session_id!r}")
+        return now
+
+    def _next_position(self, session_id: str) -> float:
+        row = self._conn.execute("SELECT MAX(position) FROM messages WHERE session_id = ?",
+                                 (session_id,)).fetchone()
+        return 0.0 if row[0] is None else float(row[0]) + 1.0
+
+    async def close(self) -> None:
+        await self._call(self._conn.close)
+
+    # sessions
+
+    async def create_session(self, session_id: str, *, title: str, route: str) -> None:
+        await self._call(self._write, self._create, session_id, title, route, None)
+
+    def _create(self, session_id: str, title: str, route: str, created_at: str | None) -> None:
+        now = self._clock.now()
+        try:
+            self._conn.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, ?)",
+                               (session_id, title, route, created_at or now, now))
+        except sqlite3.IntegrityError as exc:
+            raise SessionExists(f"session {session_id!r} already exists") from exc
+
+    async def get_session(self, session_id: str) -> StoredSession | None:
+        return await self._call(self._read_session, session_id)
+
+    def _read_session(self, session_id: str) -> StoredSession | None:
+        self._conn.execute("BEGIN")  # one snapshot for the three reads
+        try:
+            head = self._conn.execute("SELECT id, title, route, created_at, updated_at FROM sessions "
+                                      "WHERE id = ?", (session_id,)).fetchone()
+            if head is None:
+                return None
+            messages = [_message(row) for row in self._conn.execute(_SELECT, (session_id,))]
+            calls = [CallRecord(*row) for row in self._conn.execute(
+                f"SELECT {', '.join(_CALL_FIELDS)} FROM calls WHERE session_id = ? ORDER BY seq",
+                (session_id,))]
+        finally:
+            self._conn.execute("COMMIT")
+        return StoredSession(*head, messages=messages, calls=calls)
+
+    async def get_summary(self, session_id: str) -> SessionSummary | None:
+        row = await self._call(self._query_one, _SUMMARY + " WHERE s.id = ?", (session_id,))
+        return None if row is None else SessionSummary(*row)
+
+    async def list_sessions(self) -> list[SessionSummary]:
+        """Every session, most recently updated first."""
+        rows = await self._call(self._query, _SUMMARY + " ORDER BY s.updated_at DESC, s.id", ())
+        return [SessionSummary(*row) for row in rows]
+
+    def _query(self, sql: str, params: tuple[Any, ...]) -> list[Row]:
+        return self._conn.execute(sql, params).fetchall()
+
+    def _query_one(self, sql: str, params: tuple[Any, ...]) -> Row | None:
+        return self._conn.execute(sql, params).fetchone()
+
+    async def rename_session(self, session_id: str, title: str) -> None:
+        await self._call(self._write, self._set_field, session_id, "title", title)
+
+    async def set_route(self, session_id: str, route: str) -> None:
+        await self._call(self._write, self._set_field, session_id, "route", route)
+
+    def _set_field(self, session_id: str, column: str, value: str) -> None:
+        self._touch(session_id)
+        self._conn.execute(f"UPDATE sessions SET {column} = ? WHERE id = ?", (value, session_id))
+
+    async def delete_session(self, session_id: str) -> None:
+        """Remove the session with its messages and calls (foreign keys cascade)."""
+        await self._call(self._write, self._delete, session_id)
+
+    def _delete(self, session_id: str) -> None:
+        if self._conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount == 0:
+            raise UnknownSession(f"no session {session_id!r}")
+
+    # messages and calls
+
+    async def append_messages(self, session_id: str, messages: Sequence[ChatMessage]) -> None:
+        rows = [_row(message) for message in messages]
+        await self._call(self._write, self._put_rows, session_id, rows, _INSERT)
+
+    async def save_messages(self, session_id: str, messages: Sequence[ChatMessage]) -> None:
+        rows = [_row(message) for message in messages]
+        await self._call(self._write, self._put_rows, session_id, rows, _UPSERT)
+
+    def _put_rows(self, session_id: str, rows: list[Row], sql: str) -> None:
+        self._touch(session_id)
+        position = self._next_position(session_id)
+        # An upsert of a known id keeps its position, so the unused numbers leave gaps; harmless.
+        for offset, row in enumerate(rows):
+            self._conn.execute(sql, (session_id, row[0], position + offset, *row[1:]))
+
+    async def insert_message(self, session_id: str, index: int, message: ChatMessage) -> None:
+        """Place ``message`` so it becomes the ``index``-th (clamped to the ends) of the session."""
+        await self._call(self._write, self._insert_at, session_id, index, _row(message))
+
+    def _insert_at(self, session_id: str, index: int, row: Row) -> None:
+        self._touch(session_id)
+        position = self._position_for(session_id, max(index, 0))
+        if position is None:
+            self._renumber(session_id)
+            position = self._position_for(session_id, max(index, 0))
+        self._conn.execute(_INSERT, (session_id, row[0], position, *row[1:]))
+
+    def _position_for(self, session_id: str, index: int) -> float | None:
+        positions = [row[0] for row in self._conn.execute(
+            "SELECT position FROM messages WHERE session_id = ? ORDER BY position", (session_id,))]
+        if index >= len(positions):
+            return positions[-1] + 1.0 if positions else 0.0
+        after = positions[index]
+        before = positions[index - 1] if index > 0 else after - 2.0
+        middle = (before + after) / 2
+        return middle if before < middle < after else None
+
+    def _renumber(self, session_id: str) -> None:
+        ids = [row[0] for row in self._conn.execute(
+            "SELECT id FROM messages WHERE session_id = ? ORDER BY position", (session_id,))]
+        self._conn.executemany("UPDATE messages SET position = ? WHERE session_id = ? AND id = ?",
+                               [(float(i), session_id, mid) for i, mid in enumerate(ids)])
+
+    async def record_call(self, session_id: str, call: CallRecord) -> None:
+        await self._call(self._write, self._put_calls, session_id, [call])
+
+    def _put_calls(self, session_id: str, calls: Sequence[CallRecord]) -> None:
+        now = self._touch(session_id)
+        self._conn.executemany(
+            f"INSERT INTO calls (session_id, {', '.join(_CALL_FIELDS)}) "
+            f"VALUES ({', '.join('?' * (len(_CALL_FIELDS) + 1))})",
+            [(session_id, *_call_row(call, now)) for call in calls])
+
+    async def import_session(self, session: StoredSession) -> None:
+        """Write a whole session (from an export) at once; its id must be new."""
+        rows = [_row(message) for message in session.messages]
+        await self._call(self._write, self._import, session, rows)
+
+    def _import(self, session: StoredSession, rows: list[Row]) -> None:
+        self._create(session.id, session.title, session.route, session.created_at)
+        self._put_rows(session.id, rows, _INSERT)
+        self._put_calls(session.id, session.calls)
+
+
+def _call_row(call: CallRecord, now: str) -> Row:
+    return (call.turn_id, call.provider, call.model, call.route_kind, call.input_tokens,
+            call.output_tokens, call.tokens_source, call.cost_usd, call.created_at or now)
+
+
+def _prepare(connection: sqlite3.Connection, path: Path) -> None:
+    connection.execute("PRAGMA journal_mode = WAL")
+    connection.execute("PRAGMA synchronous = NORMAL")
+    connection.execute("PRAGMA foreign_keys = ON")
+    connection.executescript(_SCHEMA)
+    row = connection.execute("SELECT MAX(version) FROM schema_version").fetchone()
+    if row[0] is None:
+        connection.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+    elif row[0] > SCHEMA_VERSION:
+        raise ConfigError(f"{path.name}: written by a newer meterchat (schema {row[0]}, "
+                          f"this one reads up to {SCHEMA_VERSION})")
