@@ -1,0 +1,90 @@
+"""Per-route calibration of our token estimate against what the provider reports.
+
+Our estimate (``server.history``: UTF-8 bytes / 4 + 4 per message) is a heuristic; each provider's
+tokenizer counts differently. After every call whose usage reports ``input_tokens`` we learn the
+ratio ``reported / estimate`` for the provider/model route that served it, and ``apply`` scales a
+fresh estimate by it.
+
+Contract:
+- The first observation sets the ratio outright (no prior to average with); later ones are an
+  exponential moving average with weight ``alpha`` on the newest, so a tokenizer that is a fixed
+  multiple of our estimate plus noise is matched within a few percent by the second call.
+- Ratios are clamped to ``[RATIO_MIN, RATIO_MAX]``; observations with a non-positive estimate or
+  count are ignored (a provider that reports 0 input tokens says nothing about its tokenizer).
+- A route never observed has ratio 1, so ``apply`` returns the estimate unchanged.
+- Routes are keyed by ``provider/model`` only: a hint or fallback call on the same pair shares it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+RATIO_MIN = 0.25
+RATIO_MAX = 4.0
+DEFAULT_ALPHA = 0.5
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+def _clamp(ratio: float) -> float:
+    return min(RATIO_MAX, max(RATIO_MIN, ratio))
+
+
+class Calibration:
+    """The learned ratio of one route."""
+
+    def __init__(self, alpha: float = DEFAULT_ALPHA) -> None:
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
+        self.alpha = alpha
+        self.ratio = 1.0
+        self.observations = 0
+
+    def observe(self, estimate: int, reported: int) -> None:
+        if estimate <= 0 or reported <= 0:
+            return
+        sample = _clamp(reported / estimate)
+        if self.observations == 0:
+            self.ratio = sample
+        else:
+            self.ratio = _clamp(self.alpha * sample + (1.0 - self.alpha) * self.ratio)
+        self.observations += 1
+
+    def apply(self, estimate: int) -> int:
+        if estimate <= 0 or self.observations == 0:
+            return max(0, estimate)
+        return math.ceil(estimate * self.ratio)
+
+
+class Calibrations:
+    """One ``Calibration`` per provider/model route, created on first observation."""
+
+    def __init__(self, alpha: float = DEFAULT_ALPHA) -> None:
+        self._alpha = alpha
+        self._by_route: dict[str, Calibration] = {}
+
+    def observe(self, route: _Named | str, estimate: int, reported: int) -> None:
+        key = _key(route)
+        calibration = self._by_route.get(key)
+        if calibration is None:
+            calibration = self._by_route[key] = Calibration(self._alpha)
+        calibration.observe(estimate, reported)
+
+    def ratio(self, route: _Named | str) -> float:
+        calibration = self._by_route.get(_key(route))
+        return 1.0 if calibration is None else calibration.ratio
+
+    def apply(self, route: _Named | str, estimate: int) -> int:
+        calibration = self._by_route.get(_key(route))
+        return max(0, estimate) if calibration is None else calibration.apply(estimate)
+
+    def forget(self, route: _Named | str) -> None:
+        self._by_route.pop(_key(route), None)
+
+
+def _key(route: _Named | str) -> str:
+    return route if isinstance(route, str) else route.name

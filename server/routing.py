@@ -1,0 +1,226 @@
+"""The one route resolver: which provider/model serves a call, its capacity, budget and cost.
+
+Provider dispatch, budget resolution, the context meter and cost accounting all ask this module,
+so a classifier hint or an explicit switch moves every one of them to the same provider/model pair.
+
+Route strings are ``"alias"`` (the profile's configured ``model``) or ``"alias/model"``, split on the
+first ``/`` only, so ``openrouter/meta-llama/llama-3-8b`` is alias ``openrouter`` and model
+``meta-llama/llama-3-8b``. ``parse`` validates before anything changes and raises ``UnknownRoute``
+naming what was asked and what exists when:
+- the alias is not configured;
+- an alias-only route names a profile without a ``model``;
+- the model is not known from config (the profile's ``model`` or a key of its ``models``) and the
+  list is authoritative: always for ``demo`` (it can only serve its own models), and for other kinds
+  when ``models`` is listed *and* ``discover_window`` is off. Otherwise any model name is accepted,
+  since a local or remote server may well have it.
+
+Capacity (the model's context window) is known from config only for the pair it was configured
+for: the profile's ``context_window`` for its ``model``, or ``models[model]``. A different model
+never borrows the profile's window. Otherwise, with ``discover_window``, the provider's metadata is
+asked once per (alias, model) and the answer cached, a None answer included, so an unreachable
+server is not asked on every turn (``forget`` asks again). ``capacity`` never raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import anyio
+
+from server.budget import effective_context_budget
+from server.calibration import Calibrations
+from server.classifier import Classifier
+from server.config import ProviderProfile, Settings
+from server.errors import ConfigError, UnknownRoute
+from server.providers.base import Provider
+
+log = logging.getLogger(__name__)
+
+ROUTE_KINDS = ("default", "hint", "switch", "fallback")
+_HINT_PREFIX = re.compile(r"/hint[ \t]+(\S+)(?:[ \t]*\r?\n|[ \t]+|$)")
+
+
+@dataclass(frozen=True)
+class Route:
+    provider: str  # the provider alias
+    model: str
+    kind: str = "switch"
+    hint: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROUTE_KINDS:
+            raise ValueError(f"route kind must be one of {', '.join(ROUTE_KINDS)}, got {self.kind!r}")
+        if not self.provider or not self.model:
+            raise ValueError(f"route needs a provider and a model, got {self.provider!r}/{self.model!r}")
+
+    @property
+    def name(self) -> str:
+        return f"{self.provider}/{self.model}"
+
+    def fields(self) -> dict[str, Any]:
+        """``{provider, model, route_kind, hint?}``: the body of a ``route`` frame."""
+        body: dict[str, Any] = {"provider": self.provider, "model": self.model, "route_kind": self.kind}
+        if self.hint is not None:
+            body["hint"] = self.hint
+        return body
+
+
+@dataclass(frozen=True)
+class Capacity:
+    window: int | None
+    source: str | None = None  # config | provider; None when unknown
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def known(self) -> bool:
+        return self.window is not None
+
+
+UNKNOWN_CAPACITY = Capacity(None, None)
+
+
+def _known_models(profile: ProviderProfile) -> list[str]:
+    names = [profile.model] if profile.model else []
+    return names + [name for name in profile.models if name and name not in names]
+
+
+def _models_are_authoritative(profile: ProviderProfile) -> bool:
+    if profile.kind == "demo":
+        return True
+    return bool(profile.models) and not profile.discover_window
+
+
+def _config_capacity(profile: ProviderProfile, model: str) -> Capacity | None:
+    if profile.context_window > 0 and model == profile.model:
+        return Capacity(profile.context_window, "config",
+                        {"setting": f"providers.{profile.alias}.context_window"})
+    window = profile.models.get(model, 0)
+    if window > 0:
+        return Capacity(window, "config", {"setting": f"providers.{profile.alias}.models"})
+    return None
+
+
+class RouteResolver:
+    """Resolves route strings and hints, and answers capacity, budget and cost per route."""
+
+    def __init__(self, settings: Settings, providers: Mapping[str, Provider]) -> None:
+        self.settings = settings
+        self.providers = providers
+        self.classifier = Classifier(settings.classifier_rules)
+        self.calibration = Calibrations()
+        self._hints = self._resolve_hints()
+        self._windows: dict[tuple[str, str], Capacity] = {}
+        self._locks: dict[tuple[str, str], anyio.Lock] = {}
+
+    # -- route strings ---------------------------------------------------------------------
+
+    def routes(self) -> list[str]:
+        """What the model picker offers: the default route first, then every configured pair."""
+        names = [self.default_route().name]
+        for alias, profile in self.settings.providers.items():
+            names += [f"{alias}/{model}" for model in _known_models(profile)]
+        return list(dict.fromkeys(names))
+
+    def parse(self, route: str, kind: str = "switch") -> Route:
+        alias, _, model = route.strip().partition("/")
+        profile = self.settings.providers.get(alias)
+        if profile is None:
+            raise UnknownRoute(f"unknown provider {alias!r} in route {route!r} "
+                               f"(configured: {', '.join(self.settings.providers) or 'none'})")
+        if not model:
+            if not profile.model:
+                raise UnknownRoute(f"provider {alias!r} has no configured model; "
+                                   f"name one as {alias}/MODEL")
+            return Route(alias, profile.model, kind)
+        known = _known_models(profile)
+        if model not in known and _models_are_authoritative(profile):
+            raise UnknownRoute(f"unknown model {model!r} for provider {alias!r} "
+                               f"(available: {', '.join(f'{alias}/{m}' for m in known) or 'none'})")
+        return Route(alias, model, kind)
+
+    def default_route(self) -> Route:
+        return self.parse(self.settings.default_route, kind="default")
+
+    # -- hints -----------------------------------------------------------------------------
+
+    def _resolve_hints(self) -> dict[str, Route]:
+        hints: dict[str, Route] = {}
+        for index, entry in enumerate(self.settings.model_routes):
+            target = f"{entry.provider}/{entry.model}" if entry.model else entry.provider
+            try:
+                route = self.parse(target, kind="hint")
+            except UnknownRoute as exc:
+                raise ConfigError(f"model_routes[{index}]: {exc.message}") from exc
+            hints.setdefault(entry.hint, replace(route, hint=entry.hint))  # first entry wins
+        return hints
+
+    def hints(self) -> dict[str, Route]:
+        return dict(self._hints)
+
+    def route_for_hint(self, session_route: Route, hint: str) -> Route:
+        """The hint's route, or the session's pair marked ``fallback`` when no route has that hint."""
+        route = self._hints.get(hint)
+        if route is not None:
+            return route
+        return replace(session_route, kind="fallback", hint=hint)
+
+    def for_message(self, session_route: Route, text: str) -> tuple[Route, str]:
+        """Route for one call and the text to send; a ``/hint NAME`` prefix is stripped."""
+        match = _HINT_PREFIX.match(text)
+        if match is not None:
+            return self.route_for_hint(session_route, match.group(1)), text[match.end():]
+        hint = self.classifier.classify(text)
+        if hint is None:
+            return session_route, text
+        return self.route_for_hint(session_route, hint), text
+
+    # -- capacity, budget, cost --------------------------------------------------------------
+
+    async def capacity(self, route: Route) -> Capacity:
+        profile = self.settings.providers.get(route.provider)
+        if profile is None:
+            return UNKNOWN_CAPACITY
+        configured = _config_capacity(profile, route.model)
+        if configured is not None:
+            return configured
+        if not profile.discover_window or route.provider not in self.providers:
+            return UNKNOWN_CAPACITY
+        key = (route.provider, route.model)
+        lock = self._locks.setdefault(key, anyio.Lock())
+        async with lock:  # concurrent turns on one route ask the provider once
+            if key not in self._windows:
+                self._windows[key] = await self._discover(route)
+        return self._windows[key]
+
+    async def _discover(self, route: Route) -> Capacity:
+        provider = self.providers[route.provider]
+        try:
+            info = await provider.context_window(route.model)
+        except Exception as exc:  # a metadata failure must never fail a turn
+            log.warning("context window discovery for %s failed: %s", route.name, exc)
+            return UNKNOWN_CAPACITY
+        if info is None or info.tokens <= 0:
+            return UNKNOWN_CAPACITY
+        return Capacity(info.tokens, "provider", dict(info.detail))
+
+    def forget(self, route: Route) -> None:
+        """Drop the cached discovery answer for this pair so the next ``capacity`` asks again."""
+        self._windows.pop((route.provider, route.model), None)
+
+    def budget(self, capacity: Capacity) -> int:
+        return effective_context_budget(self.settings.runtime, capacity.window)
+
+    def cost(self, route: Route, input_tokens: int, output_tokens: int) -> float | None:
+        """USD for one call from the profile's per-million prices; None when there is nothing to price."""
+        profile = self.settings.providers.get(route.provider)
+        if profile is None:
+            return None
+        price_in, price_out = profile.price_input_per_mtok, profile.price_output_per_mtok
+        input_tokens, output_tokens = max(0, input_tokens), max(0, output_tokens)
+        if (price_in <= 0 and price_out <= 0) or (input_tokens == 0 and output_tokens == 0):
+            return None
+        return (input_tokens * price_in + output_tokens * price_out) / 1_000_000
