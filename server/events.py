@@ -1,0 +1,78 @@
+"""The observer bus: dashboards and event subscribers see what sessions do, apart from any socket.
+
+``EventBus.publish`` never blocks a turn: each subscriber has a bounded queue, and a subscriber
+that falls behind loses its oldest events (counted in ``dropped``) rather than slowing the server.
+``/events`` serves the bus as Server-Sent Events (``event: <type>``, ``data: <json>``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+
+OBSERVED_TYPES = ("history_trimmed", "done", "error", "route", "session")
+
+
+class Subscription:
+    def __init__(self, limit: int) -> None:
+        self._events: deque[dict[str, Any]] = deque(maxlen=limit)
+        self._ready = anyio.Event()
+        self.dropped = 0
+
+    def push(self, event: dict[str, Any]) -> None:
+        if len(self._events) == self._events.maxlen:
+            self.dropped += 1
+        self._events.append(event)
+        self._ready.set()
+
+    async def next(self) -> dict[str, Any]:
+        while not self._events:
+            await self._ready.wait()
+            self._ready = anyio.Event()
+        return self._events.popleft()
+
+
+class EventBus:
+    def __init__(self, limit: int = 1000) -> None:
+        self._subscribers: set[Subscription] = set()
+        self._limit = limit
+
+    def publish(self, session_id: str, frame: dict[str, Any]) -> None:
+        if frame.get("type") not in OBSERVED_TYPES or not self._subscribers:
+            return
+        event = {**frame, "session_id": session_id, "source": "observability", "timestamp": time.time()}
+        for subscription in self._subscribers:
+            subscription.push(event)
+
+    def subscribe(self) -> Subscription:
+        subscription = Subscription(self._limit)
+        self._subscribers.add(subscription)
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        self._subscribers.discard(subscription)
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self._subscribers)
+
+
+async def sse_stream(bus: EventBus, keepalive_seconds: float = 15.0) -> AsyncIterator[str]:
+    subscription = bus.subscribe()
+    try:
+        yield ": meterchat events\n\n"
+        while True:
+            event: dict[str, Any] | None = None
+            with anyio.move_on_after(keepalive_seconds):
+                event = await subscription.next()
+            if event is None:
+                yield ": keepalive\n\n"
+                continue
+            yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+    finally:
+        bus.unsubscribe(subscription)
