@@ -1,0 +1,283 @@
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from server.errors import ConfigError, SessionExists, UnknownSession
+from server.history import ChatMessage, Image, ToolCall
+from server.store import CallRecord, message_to_data, open_store
+from server.store_sqlite import FILE_NAME, SqliteStore
+
+pytestmark = pytest.mark.anyio
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def every_field_messages() -> list[ChatMessage]:
+    return [
+        ChatMessage("system", "be brief"),
+        ChatMessage("user", "[earlier turns omitted to fit the context window]", breadcrumb=True),
+        ChatMessage("user", "summary of before", summary=True),
+        ChatMessage("user", "look ✓", images=[Image("image/png", "aGVsbG8=")], turn_id="t1",
+                    trimmed=True),
+        ChatMessage("assistant", "", tool_calls=[ToolCall("c1", "search", {"q": "x", "n": [1, 2]})],
+                    turn_id="t1", excluded="compacted"),
+        ChatMessage("tool", "result", tool_call_id="c1", name="search", turn_id="t1",
+                    images=[Image("image/jpeg", "/9j/")]),
+        ChatMessage("assistant", "half a rep", turn_id="t1", interrupted=True),
+    ]
+
+
+def as_data(messages: list[ChatMessage]) -> list[dict[str, object]]:
+    return [message_to_data(message) for message in messages]
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    opened = open_store(tmp_path / "data")
+    yield opened
+    await opened.close()
+
+
+async def test_store_round_trips_every_field_and_mark(store: SqliteStore) -> None:
+    messages = every_field_messages()
+    await store.create_session("s1", title="Title ✓", route="demo/demo-small")
+    await store.append_messages("s1", messages)
+    session = await store.get_session("s1")
+    assert session is not None
+    assert (session.id, session.title, session.route) == ("s1", "Title ✓", "demo/demo-small")
+    assert as_data(session.messages) == as_data(messages)
+    assert session.messages[4].tool_calls == messages[4].tool_calls
+    assert session.messages[3].images == messages[3].images
+
+
+async def test_store_get_unknown_session_is_none(store: SqliteStore) -> None:
+    assert await store.get_session("nope") is None
+    assert await store.get_summary("nope") is None
+
+
+async def test_store_appends_keep_order_across_calls(store: SqliteStore) -> None:
+    await store.create_session("s", title="t", route="r")
+    first = [ChatMessage("user", f"a{i}") for i in range(3)]
+    second = [ChatMessage("assistant", f"b{i}") for i in range(3)]
+    await store.append_messages("s", first)
+    await store.append_messages("s", second)
+    session = await store.get_session("s")
+    assert session is not None
+    assert [m.content for m in session.messages] == ["a0", "a1", "a2", "b0", "b1", "b2"]
+
+
+async def test_store_save_messages_upserts_by_id(store: SqliteStore) -> None:
+    await store.create_session("s", title="t", route="r")
+    user, reply = ChatMessage("user", "q"), ChatMessage("assistant", "")
+    await store.append_messages("s", [user, reply])
+    reply.set_content("partial answer")
+    user.trimmed = True
+    later = ChatMessage("user", "next")
+    await store.save_messages("s", [reply, user, later])
+    session = await store.get_session("s")
+    assert session is not None
+    assert [m.id for m in session.messages] == [user.id, reply.id, later.id]
+    assert session.messages[0].trimmed
+    assert session.messages[1].content == "partial answer"
+
+
+async def test_store_save_messages_appends_an_unsaved_stream(store: SqliteStore) -> None:
+    await store.create_session("s", title="t", route="r")
+    reply = ChatMessage("assistant", "first chunk")
+    await store.save_messages("s", [reply])
+    reply.set_content("first chunk and more")
+    await store.save_messages("s", [reply])
+    session = await store.get_session("s")
+    assert session is not None
+    assert [m.content for m in session.messages] == ["first chunk and more"]
+
+
+async def test_store_insert_message_lands_at_index(store: SqliteStore) -> None:
+    await store.create_session("s", title="t", route="r")
+    await store.append_messages("s", [ChatMessage("system", "sys"), ChatMessage("user", "u1")])
+    await store.insert_message("s", 1, ChatMessage("user", "crumb", breadcrumb=True))
+    await store.insert_message("s", 0, ChatMessage("system", "first"))
+    await store.insert_message("s", 99, ChatMessage("assistant", "last"))
+    session = await store.get_session("s")
+    assert session is not None
+    assert [m.content for m in session.messages] == ["first", "sys", "crumb", "u1", "last"]
+
+
+async def test_store_insert_message_renumbers_when_floats_run_out(store: SqliteStore) -> None:
+    await store.create_session("s", title="t", route="r")
+    await store.append_messages("s", [ChatMessage("system", "sys"), ChatMessage("user", "end")])
+    # Each insert at index 1 halves the gap above "sys"; 80 halvings exhaust a double's precision.
+    for i in range(80):
+        await store.insert_message("s", 1, ChatMessage("user", str(i)))
+    session = await store.get_session("s")
+    assert session is not None
+    expected = ["sys", *[str(i) for i in reversed(range(80))], "end"]
+    assert [m.content for m in session.messages] == expected
+
+
+async def test_store_list_sessions_newest_first_with_counts(store: SqliteStore) -> None:
+    for name in ("a", "b", "c"):
+        await store.create_session(name, title=name.upper(), route="r")
+    await store.append_messages("a", [ChatMessage("user", "x"), ChatMessage("assistant", "y")])
+    summaries = await store.list_sessions()
+    assert [(s.id, s.message_count) for s in summaries] == [("a", 2), ("c", 0), ("b", 0)]
+    assert summaries[0].title == "A"
+    assert summaries[0].updated_at > summaries[0].created_at
+
+
+async def test_store_rename_and_set_route(store: SqliteStore) -> None:
+    await store.create_session("s", title="old", route="demo")
+    await store.rename_session("s", "new")
+    await store.set_route("s", "demo/demo-open")
+    summary = await store.get_summary("s")
+    assert summary is not None
+    assert (summary.title, summary.route) == ("new", "demo/demo-open")
+
+
+async def test_store_records_calls_in_order(store: SqliteStore) -> None:
+    await store.create_session("s", title="t", route="r")
+    first = CallRecord("t1", "demo", "demo-small", "default", 10, 5, "provider", 0.25)
+    second = CallRecord("t2", "openai", "gpt", "hint", 20, 7, "estimate", None, "2020-01-01T00:00:00+00:00")
+    await store.record_call("s", first)
+    await store.record_call("s", second)
+    session = await store.get_session("s")
+    assert session is not None
+    assert session.calls[1] == second
+    assert session.calls[0].created_at is not None
+    assert session.calls[0] == CallRecord(**{**first.__dict__, "created_at": session.calls[0].created_at})
+
+
+async def test_store_delete_cascades_to_messages_and_calls(store: SqliteStore) -> None:
+    await store.create_session("s", title="t", route="r")
+    await store.create_session("keep", title="t", route="r")
+    await store.append_messages("s", every_field_messages())
+    await store.append_messages("keep", [ChatMessage("user", "stays")])
+    await store.record_call("s", CallRecord(None, "demo", "m", "default", 1, 1, "estimate"))
+    await store.delete_session("s")
+    assert await store.get_session("s") is None
+    with sqlite3.connect(store.path) as raw:
+        assert raw.execute("SELECT COUNT(*) FROM messages WHERE session_id = 's'").fetchone() == (0,)
+        assert raw.execute("SELECT COUNT(*) FROM calls").fetchone() == (0,)
+        assert raw.execute("SELECT COUNT(*) FROM messages").fetchone() == (1,)
+
+
+async def test_store_unknown_session_writes_raise(store: SqliteStore) -> None:
+    with pytest.raises(UnknownSession):
+        await store.append_messages("ghost", [ChatMessage("user", "x")])
+    with pytest.raises(UnknownSession):
+        await store.rename_session("ghost", "t")
+    with pytest.raises(UnknownSession):
+        await store.delete_session("ghost")
+    with pytest.raises(UnknownSession):
+        await store.record_call("ghost", CallRecord(None, "p", "m", "default", 0, 0, "estimate"))
+    assert await store.list_sessions() == []
+
+
+async def test_store_create_existing_id_raises(store: SqliteStore) -> None:
+    await store.create_session("s", title="t", route="r")
+    with pytest.raises(SessionExists):
+        await store.create_session("s", title="other", route="r")
+    summary = await store.get_summary("s")
+    assert summary is not None and summary.title == "t"
+
+
+async def test_store_reopens_after_close(tmp_path: Path) -> None:
+    messages = every_field_messages()
+    first = open_store(tmp_path)
+    await first.create_session("s", title="t", route="r")
+    await first.append_messages("s", messages)
+    await first.close()
+    second = open_store(tmp_path)
+    session = await second.get_session("s")
+    await second.close()
+    assert session is not None
+    assert as_data(session.messages) == as_data(messages)
+
+
+async def test_store_file_is_in_wal_mode(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "nested" / "dir")
+    await store.close()
+    with sqlite3.connect(tmp_path / "nested" / "dir" / FILE_NAME) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert raw.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+
+
+async def test_store_refuses_a_newer_schema(tmp_path: Path) -> None:
+    await open_store(tmp_path).close()
+    with sqlite3.connect(tmp_path / FILE_NAME) as raw:
+        raw.execute("UPDATE schema_version SET version = 99")
+    with pytest.raises(ConfigError, match="schema 99"):
+        open_store(tmp_path)
+
+
+async def test_store_concurrent_appends_all_land(store: SqliteStore) -> None:
+    await store.create_session("s", title="t", route="r")
+
+    async def writer(name: str) -> None:
+        for i in range(20):
+            await store.append_messages("s", [ChatMessage("user", f"{name}{i}")])
+
+    async with anyio.create_task_group() as group:
+        for name in "abcd":
+            group.start_soon(writer, name)
+    session = await store.get_session("s")
+    assert session is not None
+    contents = [m.content for m in session.messages]
+    assert sorted(contents) == sorted(f"{n}{i}" for n in "abcd" for i in range(20))
+    for name in "abcd":  # each writer's own messages keep its order
+        assert [c for c in contents if c[0] == name] == [f"{name}{i}" for i in range(20)]
+
+
+CHILD = """
+import sys, anyio
+from server.history import ChatMessage
+from server.store import open_store
+
+async def main(folder):
+    store = open_store(folder)
+    await store.create_session("s", title="t", route="demo")
+    reply = ChatMessage("assistant", "", id="reply")
+    await store.save_messages("s", [reply])
+    i = 0
+    while True:
+        i += 1
+        await store.append_messages("s", [ChatMessage("user", f"m{i}", id=f"m{i}")])
+        reply.set_content(reply.content + f"<{i}>")
+        await store.save_messages("s", [reply])
+        print(i, flush=True)
+
+anyio.run(main, sys.argv[1])
+"""
+
+
+async def test_store_survives_sigkill_mid_stream(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE,
+                             env=env, text=True)
+    assert child.stdout is not None
+    last = 0
+    while last < 300:
+        line = child.stdout.readline()
+        assert line, "the writer exited before it was killed"
+        last = int(line)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    child.stdout.close()
+    assert child.returncode == -signal.SIGKILL
+    store = open_store(tmp_path)
+    session = await store.get_session("s")
+    await store.close()
+    assert session is not None
+    ids = [m.id for m in session.messages]
+    assert ids[0] == "reply"
+    assert ids[1:last + 1] == [f"m{i}" for i in range(1, last + 1)]
+    assert f"<{last}>" in session.messages[0].content
+    assert session.messages[0].content.startswith("".join(f"<{i}>" for i in range(1, last + 1)))
