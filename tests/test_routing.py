@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import pytest
 
 from server.budget import FALLBACK_WINDOW
@@ -27,6 +28,7 @@ class CountingProvider:
 
     async def context_window(self, model: str) -> WindowInfo | None:
         self.asked.append(model)
+        await anyio.sleep(0)  # a real server answers later: let other tasks run meanwhile
         if self.fail:
             raise ConnectionError("refused")
         tokens = self.windows.get(model)
@@ -214,6 +216,22 @@ async def test_capacity_discovered_once_and_cached() -> None:
     first = await resolver.capacity(Route("local", "mistral"))
     second = await resolver.capacity(Route("local", "mistral", "hint", "fast"))
     assert first == second == Capacity(32768, "provider", {"field": "max_model_len"})
+    assert provider.asked == ["mistral"]
+
+
+@pytest.mark.anyio
+async def test_capacity_concurrent_turns_ask_once() -> None:
+    provider = CountingProvider({"mistral": 32768})
+    resolver = make_resolver({"local": provider})
+    answers: list[Capacity] = []
+
+    async def ask() -> None:
+        answers.append(await resolver.capacity(Route("local", "mistral")))
+
+    async with anyio.create_task_group() as group:
+        for _ in range(3):
+            group.start_soon(ask)
+    assert [answer.window for answer in answers] == [32768] * 3
     assert provider.asked == ["mistral"]
 
 
