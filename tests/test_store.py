@@ -113,13 +113,14 @@ async def test_store_insert_message_lands_at_index(store: SqliteStore) -> None:
 
 async def test_store_insert_message_renumbers_when_floats_run_out(store: SqliteStore) -> None:
     await store.create_session("s", title="t", route="r")
-    await store.append_messages("s", [ChatMessage("system", "sys"), ChatMessage("user", "end")])
-    # Each insert at index 1 halves the gap above "sys"; 80 halvings exhaust a double's precision.
+    head = [ChatMessage("system", "sys0"), ChatMessage("system", "sys1"), ChatMessage("user", "end")]
+    await store.append_messages("s", head)
+    # Each insert at index 2 halves the gap above position 1.0; a double runs out after ~52.
     for i in range(80):
-        await store.insert_message("s", 1, ChatMessage("user", str(i)))
+        await store.insert_message("s", 2, ChatMessage("user", str(i)))
     session = await store.get_session("s")
     assert session is not None
-    expected = ["sys", *[str(i) for i in reversed(range(80))], "end"]
+    expected = ["sys0", "sys1", *[str(i) for i in reversed(range(80))], "end"]
     assert [m.content for m in session.messages] == expected
 
 
