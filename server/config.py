@@ -77,6 +77,7 @@ PROVIDER_SCHEMA: tuple[Setting, ...] = (
     Setting("price_output_per_mtok", float, 0.0, "USD per million output tokens."),
     Setting("timeout_seconds", float, 120.0, "Read timeout of one provider call."),
     Setting("delay_ms", int, 25, "demo only: pause between streamed pieces."),
+    Setting("tools", bool, True, "Offer the built-in tools to this provider's models."),
     Setting("num_ctx", int, 0, "ollama only: options.num_ctx sent with each call; 0 = server default."),
 )
 ROUTE_SCHEMA: tuple[Setting, ...] = (
@@ -153,6 +154,7 @@ class ProviderProfile:
     price_output_per_mtok: float = 0.0
     timeout_seconds: float = 120.0
     delay_ms: int = 25
+    tools: bool = True
     num_ctx: int = 0
 
     @property

@@ -65,6 +65,7 @@ class LiveSession:
         self.last_context: dict[str, Any] | None = None
         self.breadcrumb = ChatMessage("user", BREADCRUMB_TEXT, breadcrumb=True, id="breadcrumb-" + session_id)
         self.on_idle: Callable[[], None] | None = None
+        self.streaming: tuple[ChatMessage, list[str]] | None = None  # the reply being written
         self._bus = bus
 
     def emit(self, frame: dict[str, Any]) -> dict[str, Any]:
@@ -101,6 +102,11 @@ class LiveSession:
         body = [m for m in rest if not m.is_hidden and not m.breadcrumb]
         hidden = any(m.is_hidden and not m.summary for m in rest)
         return system + ([self.breadcrumb] if hidden and body else []) + body
+
+    def sync_streaming(self) -> None:
+        if self.streaming is not None:
+            message, parts = self.streaming
+            message.set_content("".join(parts))
 
     @property
     def busy(self) -> bool:

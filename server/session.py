@@ -1,0 +1,290 @@
+"""One turn: route, trim, call, tool loop, recovery, accounting.
+
+Order of a turn (seed 000): the user's message is durable before any provider call; the route for
+the call is resolved once (a classifier hint may pick another route for this turn only) and its
+capacity and budget drive trimming, the capacity check, the meter and cost alike. Before each
+provider call the turn-limit and token-budget trims run on whole turns, the request's estimate is
+checked against the route's known window, and a provider's context-overflow error trims to 2/3 of
+the estimate and retries (each retry uses an iteration). At ``max_tool_iterations`` one last call
+without tools asks for a final answer. A reply that ends early is kept, marked interrupted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from server.errors import CapacityExceeded, ContextOverflow, HistoryUnfit, MeterchatError, error_frame
+from server.history import ChatMessage, ToolCall
+from server.history_trim import (
+    TrimResult,
+    cap_tool_result,
+    sweep_orphans,
+    trim_for_overflow,
+    trim_to_recent_turn_count,
+    trim_to_recent_turns,
+)
+from server.live import LiveSession
+from server.meter import Reading, context_body, read_meter
+from server.protocol import server_frame
+from server.providers.base import (
+    Finish,
+    ProviderRequest,
+    StreamEvent,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallEvent,
+    ToolSpec,
+    Usage,
+)
+from server.routing import Route
+from server.runtime import Runtime
+from server.store import CallRecord
+from server.tools import run_tool, tool_specs
+
+log = logging.getLogger(__name__)
+
+FINAL_ANSWER_PROMPT = (
+    "[Tool limit reached] Answer the user now from what you have; no more tool calls are possible."
+)
+
+
+@dataclass
+class CallResult:
+    text: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: Usage | None = None
+    finish: str | None = None
+
+
+@dataclass
+class Totals:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    last_input_tokens: int = 0
+    cost_usd: float | None = None
+
+
+class Turn:
+    def __init__(self, rt: Runtime, live: LiveSession, turn_id: str, route: Route) -> None:
+        self.rt = rt
+        self.live = live
+        self.turn_id = turn_id
+        self.route = route
+        self.runtime = rt.settings.runtime
+        self.totals = Totals()
+        self.reply_parts: list[str] = []
+        self.reply: ChatMessage | None = None
+        self.last_flush = 0.0
+
+    # --- frames -------------------------------------------------------------------------------
+
+    def emit(self, kind: str, **fields: object) -> None:
+        self.live.emit(server_frame(kind, **fields))
+
+    async def emit_context(self, reason: str, reading: Reading | None = None,
+                           reported: int | None = None) -> Reading:
+        view = self.live.view()
+        if reading is None:
+            reading = await read_meter(self.rt.resolver, self.route, view, self.tools(),
+                                       self.runtime.image_token_cost)
+        self.live.emit(context_body(reading, view, reason, calibrations=self.rt.resolver.calibration,
+                                    image_token_cost=self.runtime.image_token_cost, reported=reported))
+        return reading
+
+    def tools(self, final: bool = False) -> list[ToolSpec]:
+        profile = self.rt.settings.providers[self.route.provider]
+        return [] if final or not profile.tools else tool_specs()
+
+    # --- trimming -----------------------------------------------------------------------------
+
+    async def apply_trim(self, result: TrimResult) -> None:
+        dropped = [m for m in result.dropped if not m.breadcrumb]
+        if not dropped:
+            return
+        for message in dropped:
+            message.trimmed = True
+        await self.rt.store.save_messages(self.live.id, dropped)
+        fields = {**result.frame_fields(), "dropped_messages": len(dropped)}
+        self.emit("history_trimmed", **fields, message_ids=[m.id for m in dropped], turn_id=self.turn_id)
+        await self.emit_context("trim")
+
+    async def proactive_trims(self, budget: int) -> None:
+        cost = self.runtime.image_token_cost
+        await self.apply_trim(trim_to_recent_turn_count(self.live.view(), self.runtime.turn_limit))
+        if budget > 0:
+            await self.apply_trim(trim_to_recent_turns(self.live.view(), budget, image_token_cost=cost))
+        await self.rt.compactor.compact(self)
+
+    async def recover(self, overflow: ContextOverflow) -> None:
+        result = trim_for_overflow(self.live.view(), image_token_cost=self.runtime.image_token_cost)
+        if not result.trimmed or not [m for m in result.dropped if not m.breadcrumb]:
+            raise HistoryUnfit(f"{self.route.name} reported a context overflow ({overflow.message}) and "
+                               f"no older turn is left to drop: the newest turn alone does not fit")
+        await self.apply_trim(result)
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            await self.loop()
+        except MeterchatError as exc:
+            await self.finish_reply(interrupted=True)
+            self.live.emit(error_frame(exc, turn_id=self.turn_id))
+        except Exception as exc:  # a bug must not take the session down; the user is told
+            log.exception("turn %s of session %s failed", self.turn_id, self.live.id)
+            await self.finish_reply(interrupted=True)
+            self.live.emit(error_frame(exc, turn_id=self.turn_id))
+        else:
+            await self.finish_reply(interrupted=False)
+            await self.emit_done()
+
+    async def loop(self) -> None:
+        limit = self.runtime.max_tool_iterations
+        iteration = 0
+        while iteration <= limit:
+            final = iteration == limit
+            reading = await read_meter(self.rt.resolver, self.route, self.live.view(), self.tools(final),
+                                       self.runtime.image_token_cost)
+            await self.proactive_trims(reading.budget)
+            iteration += 1
+            try:
+                result = await self.call(final)
+            except ContextOverflow as overflow:
+                await self.recover(overflow)
+                continue
+            if not result.tool_calls or final:
+                return
+            await self.run_tools(result.tool_calls)
+
+    async def prepare(self, final: bool) -> tuple[list[ChatMessage], Reading]:
+        messages = sweep_orphans(self.live.view())
+        if final:
+            messages.append(ChatMessage("user", FINAL_ANSWER_PROMPT, turn_id=self.turn_id))
+        tools = self.tools(final)
+        reading = await read_meter(self.rt.resolver, self.route, messages, tools,
+                                   self.runtime.image_token_cost)
+        over = reading.over_capacity()
+        if over:
+            raise CapacityExceeded(
+                f"the request needs about {reading.estimate:,} tokens but {self.route.name} holds "
+                f"{reading.capacity.window:,}: {over:,} tokens over; shorten the message or switch to a "
+                f"larger model", estimated=reading.estimate, window=reading.capacity.window or 0)
+        return messages, reading
+
+    async def call(self, final: bool) -> CallResult:
+        messages, reading = await self.prepare(final)
+        self.emit("route", turn_id=self.turn_id, **self.route.fields())
+        await self.emit_context("send", reading)
+        provider = self.rt.providers[self.route.provider]
+        request = ProviderRequest(self.route.model, messages, self.tools(final),
+                                  self.runtime.max_output_tokens)
+        result = CallResult()
+        self.start_reply()
+        async for event in provider.stream(request):
+            await self.on_event(event, result)
+        if result.usage is not None:
+            await self.account(result.usage, reading)
+        return result
+
+    async def on_event(self, event: StreamEvent, result: CallResult) -> None:
+        if isinstance(event, TextDelta):
+            result.text += event.text
+            self.reply_parts.append(event.text)
+            self.emit("chunk", turn_id=self.turn_id, content=event.text)
+            await self.maybe_flush()
+        elif isinstance(event, ThinkingDelta):
+            self.emit("thinking", turn_id=self.turn_id, content=event.text)
+        elif isinstance(event, ToolCallEvent):
+            result.tool_calls.append(ToolCall(event.id, event.name, event.arguments))
+        elif isinstance(event, Usage):
+            result.usage = event
+        elif isinstance(event, Finish):
+            result.finish = event.reason
+
+    async def account(self, usage: Usage, reading: Reading) -> None:
+        self.rt.resolver.calibration.observe(self.route, reading.estimate, usage.input_tokens)
+        cost = self.rt.resolver.cost(self.route, usage.input_tokens, usage.output_tokens)
+        totals = self.totals
+        totals.input_tokens += usage.input_tokens
+        totals.output_tokens += usage.output_tokens
+        totals.last_input_tokens = usage.input_tokens
+        if cost is not None:
+            totals.cost_usd = (totals.cost_usd or 0.0) + cost
+        await self.rt.store.record_call(self.live.id, CallRecord(
+            self.turn_id, self.route.provider, self.route.model, self.route.kind, usage.input_tokens,
+            usage.output_tokens, "provider", cost))
+        await self.emit_context("usage", reading, reported=usage.input_tokens)
+
+    # --- the reply message --------------------------------------------------------------------
+
+    def start_reply(self) -> None:
+        if self.reply is None:
+            self.reply = ChatMessage("assistant", "", turn_id=self.turn_id, interrupted=True)
+            self.live.streaming = (self.reply, self.reply_parts)
+
+    def sync_reply(self) -> None:
+        if self.reply is not None:
+            self.reply.set_content("".join(self.reply_parts))
+
+    async def maybe_flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        interval = self.rt.settings.server.store_flush_ms / 1000
+        if self.reply is None or (not force and now - self.last_flush < interval):
+            return
+        self.last_flush = now
+        self.sync_reply()
+        if self.reply not in self.live.transcript:
+            self.live.transcript.append(self.reply)
+        await self.rt.store.save_messages(self.live.id, [self.reply])
+
+    async def close_reply(self, tool_calls: Sequence[ToolCall] | None = None) -> None:
+        """End the current assistant message (before tool results, or at the end of the turn)."""
+        reply = self.reply
+        if reply is None:
+            return
+        self.sync_reply()
+        reply.tool_calls = list(tool_calls) if tool_calls else None
+        reply._text_tokens = None
+        if reply.content or reply.tool_calls:  # an empty reply was never stored: nothing to keep
+            if reply not in self.live.transcript:
+                self.live.transcript.append(reply)
+            await self.rt.store.save_messages(self.live.id, [reply])
+        self.reply, self.reply_parts = None, []
+        self.live.streaming = None
+
+    async def finish_reply(self, *, interrupted: bool) -> None:
+        if self.reply is not None:
+            self.reply.interrupted = interrupted
+        await self.close_reply()
+
+    async def run_tools(self, calls: list[ToolCall]) -> None:
+        if self.reply is not None:
+            self.reply.interrupted = False
+        else:
+            self.start_reply()
+            self.reply.interrupted = False  # type: ignore[union-attr]
+        await self.close_reply(calls)
+        results = []
+        for call in calls:
+            self.emit("tool_call", turn_id=self.turn_id, id=call.id, name=call.name, args=call.arguments)
+            output = cap_tool_result(await run_tool(call.name, call.arguments),
+                                     self.runtime.max_tool_result_chars)
+            self.emit("tool_result", turn_id=self.turn_id, id=call.id, name=call.name, output=output)
+            results.append(ChatMessage("tool", output, tool_call_id=call.id, name=call.name,
+                                       turn_id=self.turn_id))
+        self.live.transcript.extend(results)
+        await self.rt.store.append_messages(self.live.id, results)
+
+    async def emit_done(self) -> None:
+        final = [m for m in self.live.transcript if m.turn_id == self.turn_id and m.role == "assistant"]
+        text = final[-1].content if final and not final[-1].tool_calls else ""
+        capacity = await self.rt.resolver.capacity(self.route)
+        budget = self.rt.resolver.budget(capacity)
+        t = self.totals
+        self.emit("done", turn_id=self.turn_id, full_response=text, input_tokens=t.input_tokens,
+                  output_tokens=t.output_tokens, last_input_tokens=t.last_input_tokens,
+                  provider=self.route.provider, model=self.route.model, max_context_tokens=budget,
+                  model_context_window=capacity.window, cost_usd=t.cost_usd)
