@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server.errors import ImportRejected
+from server.export import from_json, to_json, to_markdown
+from server.history import ChatMessage
+from server.store import CallRecord, StoredSession, message_to_data, open_store
+from tests.test_store import every_field_messages
+
+pytestmark = pytest.mark.anyio
+
+
+def sample_session() -> StoredSession:
+    messages = every_field_messages()
+    messages.append(ChatMessage("tool", "has ``` a fence", tool_call_id="c2", name="shell"))
+    day1, day2 = "2024-01-01T00:00:00+00:00", "2024-01-02T00:00:00+00:00"
+    calls = [CallRecord("t1", "demo", "demo-small", "default", 12, 3, "provider", 0.5, day1),
+             CallRecord(None, "openai", "gpt", "hint", 1, 0, "estimate", None, day2)]
+    return StoredSession("abc", "Chat ✓", "demo/demo-small", "2024-01-01T00:00:00+00:00",
+                         "2024-01-02T00:00:00+00:00", messages, calls)
+
+
+def test_export_json_is_versioned_and_plain_data() -> None:
+    document = to_json(sample_session())
+    assert (document["format"], document["version"]) == ("meterchat.session", 1)
+    assert json.loads(json.dumps(document)) == document
+    assert document["messages"][4]["excluded"] == "compacted"
+    assert document["calls"][0]["cost_usd"] == 0.5
+
+
+def test_export_json_round_trip_gives_a_new_id_and_equal_content() -> None:
+    session = sample_session()
+    imported = from_json(json.loads(json.dumps(to_json(session))))
+    assert imported.id != session.id
+    assert (imported.title, imported.route, imported.created_at) == (session.title, session.route,
+                                                                     session.created_at)
+    assert [message_to_data(m) for m in imported.messages] == [message_to_data(m) for m in session.messages]
+    assert imported.calls == session.calls
+
+
+async def test_export_import_through_the_store(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    session = sample_session()
+    await store.import_session(from_json(to_json(session)))
+    await store.import_session(from_json(to_json(session)))  # twice: two sessions, nothing overwritten
+    summaries = await store.list_sessions()
+    stored = await store.get_session(summaries[0].id)
+    await store.close()
+    assert len(summaries) == 2 and summaries[0].id != summaries[1].id
+    assert stored is not None
+    assert [message_to_data(m) for m in stored.messages] == [message_to_data(m) for m in session.messages]
+    assert stored.calls == session.calls
+
+
+def test_export_markdown_names_every_message_and_mark() -> None:
+    session = sample_session()
+    text = to_markdown(session)
+    assert text.startswith("# Chat ✓\n")
+    assert "`demo/demo-small`" in text
+    for index, message in enumerate(session.messages, 1):
+        assert f"## {index}. {message.role.capitalize()}" in text
+        assert message.content in text
+    assert "## 4. User _(trimmed, no longer sent)_" in text
+    assert "_(excluded: compacted)_" in text
+    assert "_(interrupted)_" in text and "_(breadcrumb)_" in text and "_(summary)_" in text
+    assert '```json\n{\n  "q": "x",' in text
+    assert "**Tool result** `search` (call `c1`)\n\n```text\nresult\n```" in text
+    assert "````text\nhas ``` a fence\n````" in text  # the fence outgrows the content's backticks
+    assert "| t1 | demo/demo-small | default | 12 | 3 | provider | 0.500000 |" in text
+
+
+def test_export_markdown_of_an_empty_session() -> None:
+    text = to_markdown(StoredSession("x", "", "demo", "c", "u"))
+    assert text.startswith("# Untitled session\n") and "---" not in text
+
+
+def bad(mutate: Any) -> str:
+    document = copy.deepcopy(to_json(sample_session()))
+    mutate(document)
+    with pytest.raises(ImportRejected) as caught:
+        from_json(document)
+    assert caught.value.code == "import_rejected"
+    return caught.value.message
+
+
+def test_import_rejects_bad_fields_naming_them() -> None:
+    assert bad(lambda d: d.update(format="other")).startswith("format:")
+    assert bad(lambda d: d.update(version=2)).startswith("version:")
+    assert bad(lambda d: d.pop("route")) == "route: required"
+    assert bad(lambda d: d.update(messages={})) == "messages: expected array, got object"
+    assert bad(lambda d: d["messages"][2].update(role="robot")).startswith("messages[2].role:")
+    assert bad(lambda d: d["messages"][1].pop("content")) == "messages[1].content: required"
+    assert bad(lambda d: d["messages"][0].update(trimmed=1)) == \
+        "messages[0].trimmed: expected boolean, got integer"
+    assert bad(lambda d: d["messages"][3].update(colour="red")) == "messages[3].colour: unknown field"
+    assert bad(lambda d: d["messages"][4]["tool_calls"][0].update(arguments="x")) == \
+        "messages[4].tool_calls[0].arguments: expected object, got string"
+    assert bad(lambda d: d["messages"][3]["images"][0].pop("data")) == "messages[3].images[0].data: required"
+    assert bad(lambda d: d["messages"][5].update(id=d["messages"][0]["id"])).startswith(
+        "messages[5].id: duplicate")
+    assert bad(lambda d: d["calls"][1].update(input_tokens=True)) == \
+        "calls[1].input_tokens: expected integer, got boolean"
+    assert bad(lambda d: d["calls"][0].update(output_tokens=-1)).startswith("calls[0].output_tokens:")
+
+
+@pytest.mark.parametrize("document", [None, [], "text", 3])
+def test_import_rejects_a_document_that_is_not_an_object(document: Any) -> None:
+    with pytest.raises(ImportRejected, match="^document: expected an object"):
+        from_json(document)
+
+
+def test_import_accepts_a_minimal_document() -> None:
+    session = from_json({"format": "meterchat.session", "version": 1, "title": "t", "route": "demo",
+                         "messages": [{"id": "m1", "role": "user", "content": "hi"}]})
+    assert [(m.id, m.role, m.content, m.trimmed, m.tool_calls) for m in session.messages] == \
+        [("m1", "user", "hi", False, None)]
+    assert session.calls == []
