@@ -1,0 +1,229 @@
+"""Anthropic Messages API, streamed as Server-Sent Events.
+
+Wire format: ``POST {base_url}/v1/messages`` with ``x-api-key``, ``anthropic-version: 2023-06-01``,
+top-level ``system`` and ``max_tokens`` (request.max_output_tokens or 1024). Tool results travel as
+``tool_result`` blocks in a user message (consecutive ones merged), assistant calls as ``tool_use``
+blocks, images as base64 ``image`` blocks; consecutive same-role messages are merged into one.
+
+Events in: ``message_start`` (usage: input = input_tokens + cache_creation_input_tokens +
+cache_read_input_tokens), ``content_block_start/delta/stop`` (text_delta, thinking_delta,
+input_json_delta joined and parsed at block stop), ``message_delta`` (cumulative output_tokens,
+stop_reason), ``message_stop``; ``ping`` and unknown types are ignored; an ``error`` event after
+HTTP 200 is translated (overloaded_error -> Overloaded, ...). Out: deltas and tool calls as they
+complete, then one Usage and Finish at ``message_stop``. No window discovery (None).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from server.config import ProviderProfile
+from server.errors import ProtocolError
+from server.history import ChatMessage
+from server.providers import _http
+from server.providers.base import (
+    Finish,
+    ProviderRequest,
+    StreamEvent,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallEvent,
+    Usage,
+    WindowInfo,
+)
+from server.providers.sse import SSEEvent, aiter_sse
+
+API_VERSION = "2023-06-01"
+DEFAULT_MAX_TOKENS = 1024
+_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
+
+
+def _image_block(media_type: str, data: str) -> dict[str, Any]:
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+
+
+def _blocks(message: ChatMessage) -> list[dict[str, Any]]:
+    if message.role == "tool":
+        content: list[dict[str, Any]] = [{"type": "text", "text": message.content}]
+        content += [_image_block(i.media_type, i.data) for i in message.images or ()]
+        return [{"type": "tool_result", "tool_use_id": message.tool_call_id or "", "content": content}]
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": message.content}] if message.content else []
+    blocks += [_image_block(i.media_type, i.data) for i in message.images or ()]
+    for call in message.tool_calls or ():
+        blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments})
+    return blocks
+
+
+def wire_messages(messages: Sequence[ChatMessage]) -> tuple[str, list[dict[str, Any]]]:
+    """(system text, messages). Tool results become user messages; same-role neighbours merge."""
+    system = [m.content for m in messages if m.role == "system" and not m.is_hidden]
+    wire: list[dict[str, Any]] = []
+    for message in messages:
+        if message.is_hidden or message.role == "system":
+            continue
+        role = "assistant" if message.role == "assistant" else "user"
+        blocks = _blocks(message)
+        if not blocks:
+            continue
+        if wire and wire[-1]["role"] == role:
+            wire[-1]["content"] += blocks
+        else:
+            wire.append({"role": role, "content": blocks})
+    return "\n\n".join(system), wire
+
+
+def request_body(request: ProviderRequest) -> dict[str, Any]:
+    system, messages = wire_messages(request.messages)
+    body: dict[str, Any] = {
+        "model": request.model,
+        "max_tokens": request.max_output_tokens or DEFAULT_MAX_TOKENS,
+        "messages": messages,
+        "stream": True,
+    }
+    if system:
+        body["system"] = system
+    if request.tools:
+        body["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters}
+                         for t in request.tools]
+    return body
+
+
+@dataclass
+class _Block:
+    kind: str
+    id: str = ""
+    name: str = ""
+    json_parts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _StreamState:
+    alias: str
+    blocks: dict[int, _Block] = field(default_factory=dict)
+    usage: dict[str, int] = field(default_factory=dict)
+    reason: str | None = None
+    model: str | None = None
+    done: bool = False
+
+    def handle(self, event: SSEEvent) -> list[StreamEvent]:
+        try:
+            payload = event.json()
+        except ValueError as exc:
+            raise ProtocolError(f"{self.alias}: HTTP 200, then an event that is not JSON: "
+                                f"{event.data[:200]!r}") from exc
+        if not isinstance(payload, dict):
+            raise ProtocolError(f"{self.alias}: HTTP 200, then an event that is not an object")
+        kind = payload.get("type") or event.event
+        if kind == "error":
+            raise _http.classify(self.alias, None, payload)
+        handler = getattr(self, f"_on_{kind}", None)
+        # Unknown event types are skipped: Anthropic's versioning policy adds new ones freely.
+        return handler(payload) if handler is not None else []
+
+    def _on_message_start(self, payload: dict[str, Any]) -> list[StreamEvent]:
+        message = payload.get("message") or {}
+        self.model = message.get("model") or self.model
+        self._add_usage(message.get("usage"))
+        return []
+
+    def _on_content_block_start(self, payload: dict[str, Any]) -> list[StreamEvent]:
+        block = payload.get("content_block") or {}
+        kind = block.get("type", "")
+        self.blocks[payload.get("index", 0)] = _Block(kind, block.get("id", ""), block.get("name", ""))
+        if kind == "text" and block.get("text"):
+            return [TextDelta(block["text"])]
+        if kind == "thinking" and block.get("thinking"):
+            return [ThinkingDelta(block["thinking"])]
+        return []
+
+    def _on_content_block_delta(self, payload: dict[str, Any]) -> list[StreamEvent]:
+        delta = payload.get("delta") or {}
+        kind = delta.get("type")
+        if kind == "text_delta" and delta.get("text"):
+            return [TextDelta(delta["text"])]
+        if kind == "thinking_delta" and delta.get("thinking"):
+            return [ThinkingDelta(delta["thinking"])]
+        if kind == "input_json_delta":
+            block = self.blocks.setdefault(payload.get("index", 0), _Block("tool_use"))
+            block.json_parts.append(delta.get("partial_json") or "")
+        return []
+
+    def _on_content_block_stop(self, payload: dict[str, Any]) -> list[StreamEvent]:
+        block = self.blocks.pop(payload.get("index", 0), None)
+        if block is None or block.kind != "tool_use":
+            return []
+        return [ToolCallEvent(block.id, block.name, self._input(block))]
+
+    def _input(self, block: _Block) -> dict[str, Any]:
+        text = "".join(block.json_parts).strip() or "{}"
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise ProtocolError(f"{self.alias}: HTTP 200, then tool_use {block.name!r} with input "
+                                f"that is not JSON: {text[:200]!r}") from exc
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{self.alias}: tool_use {block.name!r} input is not an object")
+        return value
+
+    def _on_message_delta(self, payload: dict[str, Any]) -> list[StreamEvent]:
+        reason = (payload.get("delta") or {}).get("stop_reason")
+        if reason:
+            self.reason = _REASONS.get(reason, reason)
+        self._add_usage(payload.get("usage"))
+        return []
+
+    def _on_message_stop(self, payload: dict[str, Any]) -> list[StreamEvent]:
+        self.done = True
+        out: list[StreamEvent] = []
+        if self.usage:
+            inputs = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+            out.append(Usage(sum(self.usage.get(k, 0) for k in inputs), self.usage.get("output_tokens", 0)))
+        out.append(Finish(self.reason or "stop", self.model))
+        return out
+
+    def _add_usage(self, usage: Any) -> None:
+        # message_delta counts are cumulative, so a later figure replaces the earlier one.
+        if isinstance(usage, dict):
+            self.usage.update({k: v for k, v in usage.items() if isinstance(v, int)})
+
+
+class AnthropicProvider:
+    kind = "anthropic"
+
+    def __init__(self, profile: ProviderProfile, client: httpx.AsyncClient | None = None) -> None:
+        self.profile = profile
+        self._owns_client = client is None
+        self._client = client or _http.build_client(profile)
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"anthropic-version": API_VERSION}
+        if self.profile.api_key:
+            headers["x-api-key"] = self.profile.api_key
+        return headers
+
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:
+        alias = self.profile.alias
+        state = _StreamState(alias)
+        url = self.profile.base_url.rstrip("/") + "/v1/messages"
+        async with _http.open_stream(self._client, alias, url, request_body(request),
+                                     self._headers()) as response:
+            async with aclosing(aiter_sse(response.aiter_bytes())) as events:
+                async for event in events:
+                    for item in state.handle(event):
+                        yield item
+                    if state.done:
+                        return
+        raise _http.stream_ended_early(alias)
+
+    async def context_window(self, model: str) -> WindowInfo | None:
+        return None  # no metadata endpoint we rely on; windows come from the settings
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()

@@ -1,0 +1,278 @@
+"""What every fake provider shares: the scripted ``Reply``, the request record, the byte splitter
+and a uvicorn server on 127.0.0.1 port 0 in a background thread (as httpx's own tests do)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Call:
+    """A scripted tool call; ``id`` empty means the dialect's fake makes one (Ollama sends none)."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str = ""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted answer to one chat request.
+
+    ``usage`` is ``(input_tokens, output_tokens)``, ``None`` to omit it, or ``"auto"`` (input =
+    request bytes / 4, output = pieces sent). ``status >= 400`` answers with an error in the
+    dialect's shape (``error`` message, ``error_type``, ``error_code``) or with ``body`` verbatim.
+    ``stream_error`` sends a dialect error event after the pieces. ``ending``: ``"complete"``,
+    ``"drop"`` (the connection is cut after the pieces) or ``"close"`` (a clean close without the
+    terminator). ``delay`` seconds pass between pieces. ``raw`` bytes are sent as the whole body.
+    """
+
+    text: Sequence[str] = ()
+    thinking: Sequence[str] = ()
+    tool_calls: Sequence[Call] = ()
+    usage: tuple[int, int] | str | None = AUTO
+    finish: str | None = None
+    model: str | None = None
+    status: int = 200
+    error: str = "scripted error"
+    error_type: str | None = None
+    error_code: str | int | None = None
+    body: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    stream_error: str | None = None
+    ending: str = "complete"
+    delay: float = 0.0
+    raw: bytes | None = None
+    cache: tuple[int, int] = (0, 0)  # anthropic only: cache_creation / cache_read input tokens
+
+
+@dataclass(frozen=True)
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]
+    json: Any
+
+
+def words(text: str) -> list[str]:
+    """``text`` cut into word pieces that join back to it."""
+    return re.findall(r"\S+\s*|\s+", text) or [text]
+
+
+def json_pieces(value: Any, parts: int = 3) -> list[str]:
+    """``value`` as JSON text cut into ``parts`` fragments (to exercise fragment joining)."""
+    text = json.dumps(value)
+    size = max(1, -(-len(text) // parts))
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+class _Dropped(Exception):
+    """Raised inside a streaming body so uvicorn cuts the connection mid-stream."""
+
+
+def resplit(chunks: Sequence[bytes], split: int | Sequence[int] | None,
+            flush_each: bool) -> Iterator[bytes]:
+    """Re-cut a byte stream into pieces of the ``split`` sizes (cycled); sizes as small as 1 cut
+    UTF-8 characters and ``\\r\\n`` pairs. ``flush_each`` keeps piece borders (for delays)."""
+    if split is None:
+        yield from (chunk for chunk in chunks if chunk)
+        return
+    sizes = itertools.cycle([split] if isinstance(split, int) else list(split))
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        while pending:
+            size = next(sizes)
+            if len(pending) < size and not flush_each:
+                break
+            yield pending[:size]
+            pending = pending[size:]
+    if pending:
+        yield pending
+
+
+class FakeProvider:
+    """A scriptable provider behind a real HTTP server; subclasses speak one dialect."""
+
+    dialect = "fake"
+    media_type = "text/event-stream"
+
+    def __init__(self) -> None:
+        self.base_url = ""
+        self._queue: deque[Reply] = deque()
+        self.requests: list[Recorded] = []
+        self.meta_requests: list[Recorded] = []
+        self.split: int | Sequence[int] | None = None
+        self.newline = "\n"
+        self.models: dict[str, dict[str, Any]] = {}
+        self.api_key: str | None = None
+        self.default: Callable[[Any], Reply] | None = None
+
+    def enqueue(self, *replies: Reply) -> None:
+        self._queue.extend(replies)
+
+    script = enqueue
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def reset(self) -> None:
+        self._queue.clear()
+        self.requests.clear()
+        self.meta_requests.clear()
+        self.split = None
+        self.newline = "\n"
+        self.models = {}
+        self.api_key = None
+        self.default = None
+
+    def next_reply(self, body: Any) -> Reply:
+        if self._queue:
+            return self._queue.popleft()
+        if self.default is not None:
+            return self.default(body)
+        return Reply(text=words(f"echo: {self.last_user_text(body)}"))
+
+    async def record(self, request: Request, into: list[Recorded]) -> Any:
+        raw = await request.body()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw.decode("utf-8", errors="replace")
+        into.append(Recorded(request.method, request.url.path, dict(request.headers), body))
+        return body
+
+    async def chat(self, request: Request) -> Response:
+        body = await self.record(request, self.requests)
+        problem = self.check(request, body)
+        if problem is not None:
+            return problem
+        reply = self.next_reply(body)
+        if reply.status >= 400:
+            return self.error_response(reply)
+        if reply.raw is not None:
+            return self.streaming([reply.raw], [], reply)
+        head, tail = self.render(reply, body)
+        return self.streaming(head, tail, reply)
+
+    def streaming(self, head: list[bytes], tail: list[bytes], reply: Reply) -> Response:
+        return StreamingResponse(self._body(head, tail, reply), media_type=self.media_type,
+                                 headers=dict(reply.headers))
+
+    async def _body(self, head: list[bytes], tail: list[bytes], reply: Reply) -> AsyncIterator[bytes]:
+        ending = tail if reply.ending == "complete" else []
+        if reply.stream_error is not None:
+            ending = [self.stream_error_event(reply)]
+        chunks = head + ending
+        if reply.delay:  # slow stream: each piece on its own, a pause between pieces
+            for index, event in enumerate(head):
+                if index:
+                    await asyncio.sleep(reply.delay)
+                for piece in resplit([event], self.split, flush_each=True):
+                    yield piece
+            chunks = ending
+        for piece in resplit(chunks, self.split, flush_each=False):
+            yield piece
+        if reply.ending == "drop" and reply.stream_error is None:
+            raise _Dropped("scripted connection drop")
+
+    def auto_usage(self, reply: Reply, body: Any) -> tuple[int, int] | None:
+        if reply.usage != AUTO:
+            return reply.usage  # type: ignore[return-value]
+        size = len(json.dumps(body).encode("utf-8"))
+        return max(1, size // 4), len(reply.text) + len(reply.thinking) + len(reply.tool_calls)
+
+    def error_json(self, status: int, content: Any, headers: Mapping[str, str] | None = None) -> Response:
+        if isinstance(content, str):
+            return Response(content, status_code=status, headers=dict(headers or {}))
+        return JSONResponse(content, status_code=status, headers=dict(headers or {}))
+
+    def error_response(self, reply: Reply) -> Response:
+        content = reply.body if reply.body is not None else self.error_body(reply)
+        return self.error_json(reply.status, content, reply.headers)
+
+    def sse(self, data: Any, event: str | None = None) -> bytes:
+        nl = self.newline
+        text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+        head = f"event: {event}{nl}" if event else ""
+        return f"{head}data: {text}{nl}{nl}".encode()
+
+    # Each dialect fills these in.
+    def routes(self) -> list[Any]:
+        raise NotImplementedError
+
+    def check(self, request: Request, body: Any) -> Response | None:
+        return None
+
+    def render(self, reply: Reply, body: Any) -> tuple[list[bytes], list[bytes]]:
+        raise NotImplementedError
+
+    def error_body(self, reply: Reply) -> Any:
+        raise NotImplementedError
+
+    def stream_error_event(self, reply: Reply) -> bytes:
+        raise NotImplementedError
+
+    def last_user_text(self, body: Any) -> str:
+        raise NotImplementedError
+
+    def app(self) -> Starlette:
+        return Starlette(routes=self.routes())
+
+
+def _not_a_scripted_drop(record: logging.LogRecord) -> bool:
+    # A scripted drop is the test's intent, not a server fault worth a traceback in the log.
+    return not (record.exc_info and isinstance(record.exc_info[1], _Dropped))
+
+
+class _Server(uvicorn.Server):
+    def install_signal_handlers(self) -> None:  # older uvicorn; signals belong to the main thread
+        pass
+
+
+@contextmanager
+def serve_in_thread(app: Any) -> Iterator[str]:
+    """Serve ``app`` on 127.0.0.1, a free port; yields ``http://127.0.0.1:PORT``."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", ws="none", http="h11",
+                            log_level="warning", timeout_graceful_shutdown=1)
+    logging.getLogger("uvicorn.error").addFilter(_not_a_scripted_drop)  # after Config set up logging
+    server = _Server(config)
+    thread = threading.Thread(target=server.run, name="fake-provider", daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("fake provider server did not start")
+            time.sleep(0.001)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join()
+
+
+@contextmanager
+def running(fake: FakeProvider, suffix: str = "") -> Iterator[FakeProvider]:
+    """Serve ``fake`` and set its ``base_url`` (with the dialect's ``suffix``, e.g. ``/v1``)."""
+    with serve_in_thread(fake.app()) as root:
+        fake.base_url = root + suffix
+        yield fake
