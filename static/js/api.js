@@ -1,0 +1,57 @@
+// REST calls to /api and the auth token they (and /ws) need when the server has one configured.
+// The token lives in localStorage so a reload or a new tab does not ask again; a `?token=` in the
+// page URL is taken once and removed from the address bar so it does not end up in bookmarks.
+
+const KEY = "meterchat.token";
+
+export function takeTokenFromUrl() {
+  const url = new URL(location.href);
+  const token = url.searchParams.get("token");
+  if (!token) return;
+  localStorage.setItem(KEY, token);
+  url.searchParams.delete("token");
+  history.replaceState(history.state, "", url);
+}
+
+export function getToken() {
+  return localStorage.getItem(KEY) || "";
+}
+
+export function setToken(token) {
+  if (token) localStorage.setItem(KEY, token);
+  else localStorage.removeItem(KEY);
+}
+
+export function socketUrl() {
+  const url = new URL("/ws", location.href);
+  url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+  const token = getToken();
+  if (token) url.searchParams.set("token", token);
+  return url.toString();
+}
+
+export async function api(path, { method = "GET", body, raw = false } = {}) {
+  const headers = {};
+  const token = getToken();
+  if (token) headers.Authorization = `Bearer ${token}`;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, {
+    method,
+    headers,
+    body: body === undefined ? undefined : typeof body === "string" ? body : JSON.stringify(body),
+  });
+  if (!response.ok) {
+    let detail = "";
+    try {
+      const data = await response.json();
+      detail = data.message || data.error?.message || data.detail || "";
+    } catch {
+      /* the body was not JSON; the status says enough */
+    }
+    const error = new Error(detail || `${method} ${path} failed: ${response.status}`);
+    error.status = response.status;
+    throw error;
+  }
+  if (raw) return response;
+  return response.status === 204 ? null : response.json();
+}

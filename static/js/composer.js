@@ -1,0 +1,145 @@
+// The input area: text box (Enter sends, Shift+Enter breaks the line), image attachments, Send and
+// Stop, the model picker and the trim preview that warns before a send drops turns.
+
+import { el, fmt } from "./dom.js";
+
+const MAX_IMAGE_BYTES = 5 * 1024 * 1024;
+
+export class Composer {
+  constructor(root, { onSend, onStop, onSwitch }) {
+    this.q = (id) => root.querySelector(`[data-testid="${id}"]`);
+    this.input = this.q("message-input");
+    this.sendButton = this.q("send");
+    this.stopButton = this.q("stop");
+    this.picker = this.q("model-picker");
+    this.preview = this.q("trim-preview");
+    this.attachments = [];
+    this.connected = false;
+    this.streaming = false;
+
+    root.querySelector("form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.submit(onSend);
+    });
+    this.input.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+        event.preventDefault();
+        this.submit(onSend);
+      }
+    });
+    this.input.addEventListener("input", () => this.autosize());
+    this.stopButton.addEventListener("click", () => onStop());
+    this.picker.addEventListener("change", () => onSwitch(this.picker.value));
+    this.q("attach-input").addEventListener("change", (event) => this.attach(event.target));
+  }
+
+  submit(onSend) {
+    const content = this.input.value.trim();
+    if (!content && !this.attachments.length) return;
+    if (!this.connected) return;
+    const images = this.attachments;
+    if (onSend(content, images) === false) return;
+    this.input.value = "";
+    this.attachments = [];
+    this.renderAttachments();
+    this.autosize();
+  }
+
+  autosize() {
+    this.input.style.height = "auto";
+    this.input.style.height = `${Math.min(this.input.scrollHeight, 240)}px`;
+  }
+
+  setConnected(connected) {
+    this.connected = connected;
+    this.updateButtons();
+  }
+
+  setStreaming(streaming) {
+    this.streaming = streaming;
+    this.updateButtons();
+  }
+
+  updateButtons() {
+    this.sendButton.disabled = !this.connected;
+    this.stopButton.disabled = !(this.connected && this.streaming);
+    this.picker.disabled = !this.connected;
+  }
+
+  setRoutes(routes, current) {
+    const options = [...new Set([...(routes || []), current].filter(Boolean))];
+    this.picker.replaceChildren(...options.map((r) => el("option", { value: r, text: r })));
+    if (current) this.picker.value = current;
+  }
+
+  // Follow the session's route, choosing the most specific option the picker has.
+  showRoute(provider, model) {
+    const candidates = [model ? `${provider}/${model}` : null, provider];
+    for (const candidate of candidates) {
+      if ([...this.picker.options].some((o) => o.value === candidate)) {
+        this.picker.value = candidate;
+        return;
+      }
+    }
+  }
+
+  setTrimPreview(preview) {
+    if (!preview || !(preview.turns > 0)) {
+      this.preview.hidden = true;
+      this.preview.textContent = "";
+      return;
+    }
+    const turns = `${fmt(preview.turns)} turn${preview.turns === 1 ? "" : "s"}`;
+    this.preview.textContent = `Next send will trim ${turns}, ~${fmt(preview.tokens)} tokens, to fit the budget.`;
+    this.preview.hidden = false;
+  }
+
+  async attach(input) {
+    const files = [...(input.files || [])];
+    input.value = "";
+    for (const file of files) {
+      if (!file.type.startsWith("image/")) continue;
+      if (file.size > MAX_IMAGE_BYTES) {
+        this.q("attach-error").textContent = `${file.name} is larger than 5 MB and was not attached.`;
+        continue;
+      }
+      const dataUrl = await readAsDataUrl(file);
+      this.attachments.push({ media_type: file.type, data: dataUrl.slice(dataUrl.indexOf(",") + 1), dataUrl });
+    }
+    this.renderAttachments();
+  }
+
+  renderAttachments() {
+    const strip = this.q("attachments");
+    strip.replaceChildren(
+      ...this.attachments.map((image, index) =>
+        el(
+          "span",
+          { class: "attachment" },
+          el("img", { src: image.dataUrl, alt: "attachment preview" }),
+          el("button", {
+            type: "button",
+            class: "remove",
+            "aria-label": "Remove image",
+            text: "×",
+            onclick: () => {
+              this.attachments.splice(index, 1);
+              this.renderAttachments();
+            },
+          }),
+        ),
+      ),
+    );
+    strip.hidden = this.attachments.length === 0;
+    if (!this.attachments.length) this.q("attach-error").textContent = "";
+  }
+}
+
+function readAsDataUrl(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}

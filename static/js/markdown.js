@@ -1,0 +1,83 @@
+// Model output -> safe DOM. marked turns markdown into HTML, DOMPurify removes anything that could
+// run (script, event handlers, javascript: URLs) before it touches the page. While a reply streams,
+// renders are batched to at most one per animation frame: re-parsing the whole text per chunk would
+// cost O(n^2) on long replies and repaint far more often than a screen can show.
+
+import { marked } from "../vendor/marked.esm.js";
+import DOMPurify from "../vendor/purify.es.mjs";
+import { el } from "./dom.js";
+
+marked.setOptions({ gfm: true, breaks: false, async: false });
+
+DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+  // Links from a model open elsewhere and get no handle on this page.
+  if (node.tagName === "A" && node.hasAttribute("href")) {
+    node.setAttribute("target", "_blank");
+    node.setAttribute("rel", "noopener noreferrer nofollow");
+  }
+});
+
+const PURIFY_CONFIG = { FORBID_TAGS: ["style", "form", "input", "button", "textarea", "select"] };
+
+export function renderMarkdown(target, text) {
+  const html = DOMPurify.sanitize(marked.parse(text ?? ""), PURIFY_CONFIG);
+  target.innerHTML = html;
+  for (const pre of target.querySelectorAll("pre")) addCopyButton(pre);
+}
+
+function addCopyButton(pre) {
+  const button = el("button", {
+    type: "button",
+    class: "copy-code",
+    "data-testid": "copy-code",
+    "aria-label": "Copy code",
+    text: "Copy",
+  });
+  button.addEventListener("click", async () => {
+    const code = pre.querySelector("code")?.textContent ?? pre.textContent;
+    const ok = await copyText(code.replace(/\n$/, ""));
+    button.textContent = ok ? "Copied" : "Copy failed";
+    setTimeout(() => (button.textContent = "Copy"), 1500);
+  });
+  const wrapper = el("div", { class: "code-block" });
+  pre.replaceWith(wrapper);
+  wrapper.append(button, pre);
+}
+
+async function copyText(text) {
+  try {
+    await navigator.clipboard.writeText(text);
+    return true;
+  } catch {
+    // Clipboard API is missing on plain-http origins; fall back to a hidden textarea.
+    const area = el("textarea", { class: "offscreen" });
+    area.value = text;
+    document.body.append(area);
+    area.select();
+    const ok = document.execCommand("copy");
+    area.remove();
+    return ok;
+  }
+}
+
+// One pending frame renders every element that changed since the last one.
+const dirty = new Map(); // element -> () => text
+let frame = 0;
+
+export function scheduleRender(target, getText) {
+  dirty.set(target, getText);
+  if (!frame) frame = requestAnimationFrame(flushRenders);
+}
+
+export function flushRenders() {
+  if (frame) cancelAnimationFrame(frame);
+  frame = 0;
+  const work = [...dirty];
+  dirty.clear();
+  for (const [target, getText] of work) renderMarkdown(target, getText());
+}
+
+export function renderNow(target, text) {
+  dirty.delete(target);
+  renderMarkdown(target, text);
+}
