@@ -10,7 +10,8 @@
     │   ├── Busy                    a turn is already in flight
     │   ├── UnknownSession          no stored session has that id
     │   ├── SessionExists           creating a session under an id already stored
-    │   └── ImportRejected          an exported session file of the wrong shape
+    │   ├── ImportRejected          an exported session file of the wrong shape
+    │   └── TooLarge                a request body over its limit
     ├── CapacityExceeded            the prepared request does not fit the known window
     ├── HistoryUnfit                overflow recovery could not drop any turn
     └── ProviderError               translated once, at each provider's boundary
@@ -77,6 +78,10 @@ class SessionExists(ClientError):
 
 class ImportRejected(ClientError):
     code = "import_rejected"
+
+
+class TooLarge(ClientError):
+    code = "too_large"
 
 
 class CapacityExceeded(MeterchatError):
