@@ -27,14 +27,16 @@ Fixtures (``tests/fakes/fixtures.py``; session-scoped servers, reset before each
 usage=(input, output) | None | "auto", finish=None, model=None, status=200, error="...",
 error_type=None, error_code=None, body=None, headers={}, stream_error=None, ending="complete" |
 "drop" | "close", delay=0.0, raw=None, cache=(0, 0))``; see ``tests/fakes/base.py``.
+
+``await drain(provider.stream(request))`` returns ``(events, error_or_None)``.
 """
 
 from __future__ import annotations
 
 from tests.fakes.anthropic_fake import FakeAnthropic
-from tests.fakes.base import AUTO, Call, FakeProvider, Recorded, Reply, running, serve_in_thread
+from tests.fakes.base import AUTO, Call, FakeProvider, Recorded, Reply, drain, running, serve_in_thread
 from tests.fakes.ollama_fake import FakeOllama
 from tests.fakes.openai_fake import FakeOpenAI
 
 __all__ = ["AUTO", "Call", "FakeAnthropic", "FakeOllama", "FakeOpenAI", "FakeProvider", "Recorded", "Reply",
-           "running", "serve_in_thread"]
+           "drain", "running", "serve_in_thread"]

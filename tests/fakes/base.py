@@ -276,3 +276,14 @@ def running(fake: FakeProvider, suffix: str = "") -> Iterator[FakeProvider]:
     with serve_in_thread(fake.app()) as root:
         fake.base_url = root + suffix
         yield fake
+
+
+async def drain(stream: AsyncIterator[Any]) -> tuple[list[Any], BaseException | None]:
+    """Every event of a provider stream and the error that ended it (None when it finished)."""
+    events: list[Any] = []
+    try:
+        async for event in stream:
+            events.append(event)
+    except Exception as exc:  # the caller asserts on the class; anything else would hide it
+        return events, exc
+    return events, None

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from server.providers.sse import LineDecoder, NDJSONDecoder, SSEDecoder, SSEEvent
+
+STREAM = (
+    ": keepalive\n"
+    "event: message_start\n"
+    "data: {\"text\": \"héllo ✓ 🎉\"}\n"
+    "\n"
+    "data: first line\n"
+    "data: second line\n"
+    "id: 7\n"
+    "retry: 1500\n"
+    "\n"
+    "data: [DONE]\n"
+    "\n"
+)
+EXPECTED = [
+    SSEEvent("message_start", '{"text": "héllo ✓ 🎉"}'),
+    SSEEvent("message", "first line\nsecond line", "7", 1500),
+    SSEEvent("message", "[DONE]", "7", 1500),
+]
+
+
+def _feed(decoder: SSEDecoder, data: bytes, cuts: list[int]) -> list[SSEEvent]:
+    events: list[SSEEvent] = []
+    start = 0
+    for cut in sorted(set(cuts)) + [len(data)]:
+        events += decoder.feed(data[start:cut])
+        start = cut
+    return events + decoder.flush()
+
+
+def test_sse_decoder_reads_whole_stream() -> None:
+    assert _feed(SSEDecoder(), STREAM.encode(), []) == EXPECTED
+
+
+def test_sse_decoder_accepts_each_line_ending() -> None:
+    for newline in ("\r\n", "\r"):
+        data = STREAM.replace("\n", newline).encode()
+        assert _feed(SSEDecoder(), data, []) == EXPECTED, newline
+
+
+def test_sse_decoder_same_events_when_fed_byte_by_byte() -> None:
+    for newline in ("\n", "\r\n", "\r"):
+        data = STREAM.replace("\n", newline).encode()
+        assert _feed(SSEDecoder(), data, list(range(len(data)))) == EXPECTED, newline
+
+
+@given(st.sampled_from(["\n", "\r\n", "\r"]), st.lists(st.integers(min_value=0, max_value=200)))
+def test_sse_decoder_same_events_for_any_split(newline: str, cuts: list[int]) -> None:
+    data = STREAM.replace("\n", newline).encode()
+    assert _feed(SSEDecoder(), data, [c for c in cuts if c < len(data)]) == EXPECTED
+
+
+def test_sse_decoder_skips_comments_and_events_without_data() -> None:
+    data = b": ping\n\nevent: lonely\n\nevent: ping\ndata: {}\n\n"
+    assert _feed(SSEDecoder(), data, []) == [SSEEvent("ping", "{}")]
+
+
+def test_sse_decoder_field_without_space_and_unknown_fields() -> None:
+    data = b"data:tight\nfoo: bar\ndata\n\n"
+    assert _feed(SSEDecoder(), data, []) == [SSEEvent("message", "tight\n")]
+
+
+def test_sse_decoder_flush_dispatches_unterminated_event() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(b"data: [DONE]") == []
+    assert decoder.flush() == [SSEEvent("message", "[DONE]")]
+
+
+def test_sse_decoder_replaces_invalid_utf8() -> None:
+    assert _feed(SSEDecoder(), b"data: a\xffb\n\n", []) == [SSEEvent("message", "a\ufffdb")]
+
+
+def test_line_decoder_crlf_split_across_chunks_is_one_line_end() -> None:
+    decoder = LineDecoder()
+    assert decoder.feed(b"one\r") == ["one"]
+    assert decoder.feed(b"\ntwo\r") == ["two"]
+    assert decoder.feed(b"\r") == [""]
+    assert decoder.feed(b"three") == []
+    assert decoder.flush() == ["three"]
+
+
+def test_line_decoder_keeps_unicode_line_separators_inside_lines() -> None:
+    decoder = LineDecoder()
+    assert decoder.feed("a\u2028b\x0cc\n".encode()) == ["a\u2028b\x0cc"]
+
+
+def test_ndjson_decoder_splits_lines_across_chunks() -> None:
+    data = '{"a": "ü"}\r\n\n{"b": [1, 2]}\n{"c": true}'.encode()
+    decoder = NDJSONDecoder()
+    values = [value for index in range(len(data)) for value in decoder.feed(data[index : index + 1])]
+    assert values + decoder.flush() == [{"a": "ü"}, {"b": [1, 2]}, {"c": True}]
