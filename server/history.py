@@ -105,9 +105,12 @@ def current_turn_start(messages: Sequence[ChatMessage]) -> int:
 def image_tokens(message: ChatMessage, *, in_current_turn: bool, image_token_cost: int) -> int:
     if not message.images:
         return 0
-    if message.role == "user" or (message.role == "tool" and in_current_turn):
-        return len(message.images) * image_token_cost
-    return 0
+    # A user message carrying "[Tool results]" is tool output (XML dialect), not something the user sent.
+    tool_output = message.role == "tool" or (
+        message.role == "user" and message.content.startswith(TOOL_RESULTS_PREFIX))
+    if tool_output:
+        return len(message.images) * image_token_cost if in_current_turn else 0
+    return len(message.images) * image_token_cost if message.role == "user" else 0
 
 
 def estimate_history_tokens(
