@@ -1,0 +1,163 @@
+"""The sessions REST API, over any ``server.store.Store``.
+
+    GET    /api/sessions                         200 [summary, ...] (newest first)
+    POST   /api/sessions/import                  201 {"session_id"}   body: an exported JSON document
+    GET    /api/sessions/{id}                    200 summary
+    PATCH  /api/sessions/{id}                    200 summary          body: {"title": str}
+    DELETE /api/sessions/{id}                    204
+    GET    /api/sessions/{id}/export?format=md|json   200 attachment (text/markdown or application/json)
+
+A summary is ``{id, title, route, created_at, updated_at, message_count}``. Every error is
+``{"error": {"code", "message"}}``: 400 bad input, 404 unknown session, 409 id taken, 413 body over
+its limit. Authentication is the application's middleware, not this module's. ``on_change(id,
+what)`` is awaited after a committed ``renamed``, ``deleted`` or ``imported`` so live sessions can
+follow; its failure is logged and does not undo the answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from server.errors import ClientError, SessionExists, TooLarge, UnknownSession
+from server.export import from_json, to_json, to_markdown
+from server.store import SessionSummary, Store
+
+OnChange = Callable[[str, str], Awaitable[None]]
+Endpoint = Callable[[Request], Awaitable[Response]]
+MAX_IMPORT_BYTES = 32 * 1024 * 1024  # a long session with a few images
+MAX_PATCH_BYTES = 64 * 1024
+MAX_TITLE_CHARS = 200
+_STATUS = ((UnknownSession, 404), (SessionExists, 409), (TooLarge, 413), (ClientError, 400))
+log = logging.getLogger(__name__)
+
+
+def error_response(exc: ClientError) -> JSONResponse:
+    status = next(code for kind, code in _STATUS if isinstance(exc, kind))
+    return JSONResponse({"error": {"code": exc.code, "message": exc.message}}, status_code=status)
+
+
+def _client_errors(endpoint: Endpoint) -> Endpoint:
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except ClientError as exc:
+            return error_response(exc)
+
+    return wrapped
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The request body as JSON, refusing (413) before reading more than ``limit`` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise TooLarge(f"body: {declared} bytes is over the limit of {limit}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise TooLarge(f"body: over the limit of {limit} bytes")
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise ClientError(f"body: not valid JSON ({exc})") from exc
+
+
+class SessionsApi:
+    def __init__(self, store: Store, on_change: OnChange | None, max_import_bytes: int) -> None:
+        self.store = store
+        self.on_change = on_change
+        self.max_import_bytes = max_import_bytes
+
+    async def _changed(self, session_id: str, what: str) -> None:
+        if self.on_change is None:
+            return
+        try:
+            await self.on_change(session_id, what)
+        except Exception:  # the store already holds the change; the answer must say so
+            log.exception("on_change(%r, %r) failed", session_id, what)
+
+    async def _summary(self, session_id: str) -> SessionSummary:
+        summary = await self.store.get_summary(session_id)
+        if summary is None:
+            raise UnknownSession(f"no session {session_id!r}")
+        return summary
+
+    async def list(self, request: Request) -> Response:
+        return JSONResponse([summary.to_dict() for summary in await self.store.list_sessions()])
+
+    async def get(self, request: Request) -> Response:
+        return JSONResponse((await self._summary(request.path_params["session_id"])).to_dict())
+
+    async def rename(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        title = _title(await read_json(request, MAX_PATCH_BYTES))
+        await self.store.rename_session(session_id, title)
+        await self._changed(session_id, "renamed")
+        return JSONResponse((await self._summary(session_id)).to_dict())
+
+    async def delete(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        await self.store.delete_session(session_id)
+        await self._changed(session_id, "deleted")
+        return Response(status_code=204)
+
+    async def export(self, request: Request) -> Response:
+        kind = request.query_params.get("format", "json")
+        if kind not in ("md", "json"):
+            raise ClientError(f"format: expected md or json, got {kind!r}")
+        session_id = request.path_params["session_id"]
+        session = await self.store.get_session(session_id)
+        if session is None:
+            raise UnknownSession(f"no session {session_id!r}")
+        filename = _filename(session.title, session_id, kind)
+        headers = {"Content-Disposition": f'attachment; filename="{filename}"'}
+        if kind == "md":
+            return Response(to_markdown(session), media_type="text/markdown; charset=utf-8", headers=headers)
+        body = json.dumps(to_json(session), ensure_ascii=False, indent=2)
+        return Response(body, media_type="application/json", headers=headers)
+
+    async def import_(self, request: Request) -> Response:
+        session = from_json(await read_json(request, self.max_import_bytes))
+        await self.store.import_session(session)
+        await self._changed(session.id, "imported")
+        return JSONResponse({"session_id": session.id}, status_code=201)
+
+
+def _title(data: Any) -> str:
+    if not isinstance(data, dict) or "title" not in data:
+        raise ClientError("title: required")
+    title = data["title"]
+    if not isinstance(title, str):
+        raise ClientError(f"title: expected a string, got {type(title).__name__}")
+    title = title.strip()
+    if not title or len(title) > MAX_TITLE_CHARS:
+        raise ClientError(f"title: expected 1 to {MAX_TITLE_CHARS} characters, got {len(title)}")
+    return title
+
+
+def _filename(title: str, session_id: str, extension: str) -> str:
+    # ASCII only: a header value cannot carry the title's other characters unencoded.
+    slug = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:48] or "session"
+    return f"meterchat-{slug}-{session_id[:8]}.{extension}"
+
+
+def api_routes(store: Store, *, on_change: OnChange | None = None,
+               max_import_bytes: int = MAX_IMPORT_BYTES) -> list[Route]:
+    api = SessionsApi(store, on_change, max_import_bytes)
+    one = "/api/sessions/{session_id}"
+    return [
+        Route("/api/sessions", _client_errors(api.list), methods=["GET"]),
+        Route("/api/sessions/import", _client_errors(api.import_), methods=["POST"]),
+        Route(one, _client_errors(api.get), methods=["GET"]),
+        Route(one, _client_errors(api.rename), methods=["PATCH"]),
+        Route(one, _client_errors(api.delete), methods=["DELETE"]),
+        Route(one + "/export", _client_errors(api.export), methods=["GET"]),
+    ]
