@@ -51,6 +51,12 @@ FINAL_ANSWER_PROMPT = (
 )
 
 
+def tools_for(rt: Runtime, route: Route, final: bool = False) -> list[ToolSpec]:
+    """The tools offered on ``route``'s calls: none on the final call after the tool cap."""
+    profile = rt.settings.providers[route.provider]
+    return [] if final or not profile.tools else tool_specs()
+
+
 @dataclass
 class CallResult:
     text: str = ""
@@ -95,8 +101,7 @@ class Turn:
         return reading
 
     def tools(self, final: bool = False) -> list[ToolSpec]:
-        profile = self.rt.settings.providers[self.route.provider]
-        return [] if final or not profile.tools else tool_specs()
+        return tools_for(self.rt, self.route, final)
 
     # --- trimming -----------------------------------------------------------------------------
 

@@ -1,0 +1,144 @@
+"""The application factory: routes, lifespan, authentication.
+
+``create_app(settings)`` builds the Starlette app. Its lifespan opens the store, builds one provider
+per profile, the route resolver, the observer bus and the session hub, and runs turns in a task
+group that outlives any single connection. Routes: ``/`` and ``/s/{session_id}`` (the page),
+``/static``, ``/ws`` (protocol v1), ``/events`` (observer bus as SSE), ``/api/sessions...``,
+``/healthz``. When ``server.auth_token`` is set, ``/ws``, ``/events`` and ``/api`` need it as a
+bearer token (``Authorization`` header or ``?token=``); ``/ws`` also checks the Origin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import anyio
+from starlette.applications import Starlette
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+from starlette.websockets import WebSocket
+
+from server.api import api_routes
+from server.config import Settings, load_settings
+from server.events import EventBus, sse_stream
+from server.hub import SessionHub
+from server.providers import build_provider
+from server.routing import RouteResolver
+from server.runtime import Runtime
+from server.socket import Connection
+from server.store import open_store
+
+ROOT = Path(__file__).resolve().parent.parent
+templates = Jinja2Templates(directory=str(ROOT / "templates"))
+
+
+def authorized(conn: HTTPConnection, token: str) -> bool:
+    if not token:
+        return True
+    header = conn.headers.get("authorization", "")
+    given = header[7:] if header.lower().startswith("bearer ") else conn.query_params.get("token", "")
+    return hmac.compare_digest(given.encode(), token.encode())
+
+
+def origin_allowed(conn: HTTPConnection, allowed: list[str]) -> bool:
+    origin = conn.headers.get("origin")
+    if origin is None:
+        return True  # not a browser: the token (if any) is the guard
+    if origin in allowed:
+        return True
+    return urlsplit(origin).netloc == conn.headers.get("host", "")
+
+
+def create_app(settings: Settings | None = None) -> Starlette:
+    settings = settings or load_settings()
+    state: dict[str, object] = {}
+    store = open_store(settings.server.data_dir)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        providers = {alias: build_provider(p) for alias, p in settings.providers.items()}
+        try:
+            async with anyio.create_task_group() as tasks:
+                rt = Runtime(settings, store, providers, RouteResolver(settings, providers), EventBus(),
+                             tasks)
+                rt.compactor = build_compactor(settings) or rt.compactor
+                hub = SessionHub(rt)
+                state.update(rt=rt, hub=hub)
+                yield
+                tasks.cancel_scope.cancel()
+        finally:
+            for provider in providers.values():
+                await provider.aclose()
+            await store.close()
+
+    def hub() -> SessionHub:
+        return state["hub"]  # type: ignore[return-value]
+
+    async def page(request: Request) -> Response:
+        return templates.TemplateResponse(request, "index.html", {
+            "static_prefix": "/static", "auth_required": bool(settings.server.auth_token)})
+
+    async def websocket_endpoint(websocket: WebSocket) -> None:
+        if not authorized(websocket, settings.server.auth_token) or \
+                not origin_allowed(websocket, settings.server.allowed_origins):
+            await websocket.close(code=1008, reason="unauthorized")
+            return
+        await websocket.accept()
+        await Connection(websocket, hub()).run()
+
+    async def events(request: Request) -> Response:
+        if not authorized(request, settings.server.auth_token):
+            return JSONResponse({"error": {"code": "unauthorized", "message": "bearer token required"}},
+                                status_code=401)
+        return StreamingResponse(sse_stream(hub().rt.bus), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"ok": True, "providers": sorted(settings.providers),
+                             "default_route": settings.default_route})
+
+    async def on_change(session_id: str, what: str) -> None:
+        if what in ("deleted", "renamed"):
+            hub().forget(session_id)
+
+    app = Starlette(routes=[
+        Route("/", page), Route("/s/{session_id}", page), Route("/healthz", healthz),
+        Route("/events", events), WebSocketRoute("/ws", websocket_endpoint),
+        Mount("/static", StaticFiles(directory=str(ROOT / "static")), name="static"),
+        *api_routes(store, on_change=on_change),
+    ], lifespan=lifespan)
+    app.add_middleware(ApiAuth, token=settings.server.auth_token)
+    app.state.meterchat = state
+    return app
+
+
+class ApiAuth:
+    """Bearer-token guard for ``/api``; the socket and the event stream check for themselves."""
+
+    def __init__(self, app: object, token: str) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: dict, receive: object, send: object) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/api") and \
+                not authorized(HTTPConnection(scope), self.token):
+            response = JSONResponse({"error": {"code": "unauthorized", "message": "bearer token required"}},
+                                    status_code=401)
+            await response(scope, receive, send)  # type: ignore[arg-type]
+            return
+        await self.app(scope, receive, send)  # type: ignore[operator]
+
+
+def build_compactor(settings: Settings) -> object | None:
+    if settings.runtime.compaction.strategy == "none":
+        return None
+    from server.compaction_runner import Compactor
+
+    return Compactor(settings.runtime.compaction)

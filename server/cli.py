@@ -1,0 +1,43 @@
+"""``meterchat [--config PATH] [--host HOST] [--port PORT]``: start the server.
+
+Without ``--config`` the server starts on the embedded offline demo provider. A bad settings file
+stops start-up with a message naming the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvicorn
+
+from server.config import load_settings
+from server.errors import ConfigError
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="meterchat", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="TOML settings file (default: the embedded demo)")
+    parser.add_argument("--host", help="interface to listen on (overrides [server] host)")
+    parser.add_argument("--port", type=int, help="TCP port (overrides [server] port; 0 = any free)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        print(f"meterchat: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    from server.app import create_app
+
+    host = args.host or settings.server.host
+    port = settings.server.port if args.port is None else args.port
+    print(f"meterchat: serving on http://{host}:{port}/ ({settings.source}; default route "
+          f"{settings.default_route})", file=sys.stderr, flush=True)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=args.log_level,
+                ws_max_size=16 * 1024 * 1024)

@@ -1,0 +1,222 @@
+"""The session hub: opens, restores and caches live sessions and carries out what clients ask.
+
+Every client request that changes a session goes through here, validated before anything changes:
+a message becomes a durable user message and a turn; ``/model <route>`` and ``switch_model`` change
+the session's route (a turn in flight finishes on the route it started with); ``stop`` cancels the
+turn from any connected client. A stored session is restored with the turn limit and the orphan
+sweep applied, and the trim is announced to the first client that opens it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import uuid
+from typing import Any
+
+import anyio
+
+from server.errors import Busy, ImageRejected, UnknownRoute
+from server.history import ChatMessage, Image
+from server.history_trim import sweep_orphans, trim_to_recent_turn_count
+from server.live import LiveSession, TurnHandle, new_session_id
+from server.meter import context_body, read_meter
+from server.protocol import ImagePayload, server_frame
+from server.routing import Route
+from server.runtime import Runtime
+from server.session import Turn, tools_for
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TITLE = "New chat"
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
+MODEL_COMMAND = "/model"
+
+
+def message_view(message: ChatMessage) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "id": message.id, "role": message.role, "content": message.content, "trimmed": message.trimmed,
+        "interrupted": message.interrupted, "summary": message.summary, "breadcrumb": message.breadcrumb,
+    }
+    if message.turn_id:
+        view["turn_id"] = message.turn_id
+    if message.excluded:
+        view["excluded"] = message.excluded
+    if message.tool_calls:
+        view["tool_calls"] = [{"id": c.id, "name": c.name, "args": c.arguments} for c in message.tool_calls]
+    if message.tool_call_id:
+        view["tool_call_id"] = message.tool_call_id
+    if message.name:
+        view["name"] = message.name
+    if message.images:
+        view["images"] = len(message.images)
+    return view
+
+
+def decode_images(payloads: list[ImagePayload], limit: int, message_id: str) -> list[Image]:
+    images = []
+    for index, payload in enumerate(payloads):
+        if payload.media_type not in IMAGE_TYPES:
+            raise ImageRejected(f"image {index + 1}: {payload.media_type!r} is not supported; "
+                                f"send one of {', '.join(IMAGE_TYPES)}")
+        try:
+            size = len(base64.b64decode(payload.data, validate=True))
+        except (binascii.Error, ValueError) as exc:
+            raise ImageRejected(f"image {index + 1}: data is not valid base64") from exc
+        if size > limit:
+            raise ImageRejected(f"image {index + 1} is {size:,} bytes; the limit is {limit:,} bytes "
+                                f"(runtime.max_image_bytes)")
+        images.append(Image(payload.media_type, payload.data))
+    return images
+
+
+class SessionHub:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.sessions: dict[str, LiveSession] = {}
+        self._pending_restore: set[str] = set()
+        self._lock = anyio.Lock()
+
+    # --- opening ------------------------------------------------------------------------------
+
+    async def open(self, session_id: str | None) -> LiveSession:
+        async with self._lock:
+            if session_id and session_id in self.sessions:
+                return self.sessions[session_id]
+            live = await self._load(session_id) if session_id else None
+            if live is None:
+                live = await self._create()
+            self.sessions[live.id] = live
+            return live
+
+    async def _create(self) -> LiveSession:
+        route = self.rt.resolver.default_route()
+        live = LiveSession(new_session_id(), DEFAULT_TITLE, route, [], self.rt.bus)
+        await self.rt.store.create_session(live.id, title=live.title, route=route.name)
+        if self.rt.settings.runtime.system_prompt:
+            system = ChatMessage("system", self.rt.settings.runtime.system_prompt)
+            live.transcript.append(system)
+            await self.rt.store.append_messages(live.id, [system])
+        return live
+
+    def _stored_route(self, name: str) -> Route:
+        default = self.rt.resolver.default_route()
+        if not name or name == default.name:
+            return default
+        try:
+            return self.rt.resolver.parse(name, kind="switch")
+        except UnknownRoute:
+            log.warning("stored route %s is no longer configured; using %s", name, default.name)
+            return default
+
+    async def _load(self, session_id: str) -> LiveSession | None:
+        stored = await self.rt.store.get_session(session_id)
+        if stored is None:
+            return None
+        live = LiveSession(stored.id, stored.title, self._stored_route(stored.route), stored.messages,
+                           self.rt.bus)
+        swept = {m.id for m in sweep_orphans(live.view())}
+        orphans = [m for m in live.view() if m.id not in swept and not m.breadcrumb]
+        for message in orphans:
+            message.excluded = "orphaned tool message (its call or result is missing)"
+        if orphans:
+            await self.rt.store.save_messages(live.id, orphans)
+        self._pending_restore.add(live.id)
+        return live
+
+    async def after_hello(self, live: LiveSession) -> None:
+        """Announce the restore trim (once) and send the meter for the session's route."""
+        if live.id in self._pending_restore:
+            self._pending_restore.discard(live.id)
+            result = trim_to_recent_turn_count(live.view(), self.rt.settings.runtime.turn_limit)
+            dropped = [m for m in result.dropped if not m.breadcrumb]
+            if dropped:
+                for message in dropped:
+                    message.trimmed = True
+                await self.rt.store.save_messages(live.id, dropped)
+                live.emit(server_frame("history_trimmed", **{**result.frame_fields(),
+                          "dropped_messages": len(dropped)}, message_ids=[m.id for m in dropped]))
+                await self.emit_context(live, live.route, "restore")
+                return
+        await self.emit_context(live, live.route, "hello")
+
+    def snapshot(self, live: LiveSession, resumed: bool, seq: int) -> dict[str, Any]:
+        return {**server_frame("session", session_id=live.id, resumed=resumed,
+                               message_count=len(live.transcript), route=live.route.name,
+                               routes=self.rt.resolver.routes(), title=live.title, protocol=1), "seq": seq}
+
+    def history(self, live: LiveSession) -> dict[str, Any]:
+        live.sync_streaming()
+        messages = [message_view(m) for m in live.transcript]
+        return {**server_frame("history", messages=messages), "seq": live.seq}
+
+    async def emit_context(self, live: LiveSession, route: Route, reason: str) -> None:
+        view = live.view()
+        cost = self.rt.settings.runtime.image_token_cost
+        reading = await read_meter(self.rt.resolver, route, view, tools_for(self.rt, route), cost)
+        live.emit(context_body(reading, view, reason, calibrations=self.rt.resolver.calibration,
+                               image_token_cost=cost))
+
+    def forget(self, session_id: str) -> None:
+        live = self.sessions.pop(session_id, None)
+        if live is not None and live.turn is not None:
+            live.turn.cancel_scope.cancel()
+
+    # --- requests -----------------------------------------------------------------------------
+
+    async def switch(self, live: LiveSession, route_text: str) -> None:
+        route = self.rt.resolver.parse(route_text.strip(), kind="switch")
+        live.route = route
+        await self.rt.store.set_route(live.id, route.name)
+        await self.emit_context(live, route, "switch")
+
+    def stop(self, live: LiveSession) -> None:
+        if live.turn is not None:
+            live.turn.cancel_scope.cancel()
+
+    async def submit(self, live: LiveSession, message_id: str, content: str,
+                     payloads: list[ImagePayload]) -> None:
+        if any(m.id == message_id for m in live.transcript):
+            return  # a client resending after a reconnect: the message is already durable
+        if content.strip().split(" ", 1)[0] == MODEL_COMMAND:
+            await self.switch(live, content.strip()[len(MODEL_COMMAND):])
+            return
+        if live.busy:
+            raise Busy("a reply is still being written in this session; stop it or wait for it to finish")
+        images = decode_images(payloads, self.rt.settings.runtime.max_image_bytes, message_id)
+        route, text = self.rt.resolver.for_message(live.route, content)
+        turn_id = uuid.uuid4().hex[:12]
+        user = ChatMessage("user", text, images=images or None, turn_id=turn_id, id=message_id)
+        live.transcript.append(user)
+        await self.rt.store.append_messages(live.id, [user])
+        live.emit(server_frame("accepted", id=message_id, turn_id=turn_id, content=text,
+                               images=len(images) or None))
+        await self._maybe_title(live, text)
+        handle = TurnHandle(turn_id, anyio.CancelScope())
+        live.turn = handle
+        self.rt.task_group.start_soon(self._run_turn, live, Turn(self.rt, live, turn_id, route), handle)
+
+    async def _maybe_title(self, live: LiveSession, text: str) -> None:
+        if live.title != DEFAULT_TITLE or not text.strip():
+            return
+        title = " ".join(text.split())[:60]
+        live.title = title
+        await self.rt.store.rename_session(live.id, title)
+        live.emit(server_frame("title", title=title))
+
+    async def _run_turn(self, live: LiveSession, turn: Turn, handle: TurnHandle) -> None:
+        try:
+            if turn.route != live.route:
+                await turn.emit_context("hint")
+            with handle.cancel_scope:
+                await turn.run()
+            if handle.cancel_scope.cancelled_caught:
+                with anyio.CancelScope(shield=True):
+                    await turn.finish_reply(interrupted=True)
+                    live.emit(server_frame("aborted", turn_id=turn.turn_id))
+        finally:
+            live.turn = None
+            handle.done.set()
+        if turn.route != live.route:
+            await self.emit_context(live, live.route, "done")
