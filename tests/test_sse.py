@@ -94,4 +94,4 @@ def test_ndjson_decoder_splits_lines_across_chunks() -> None:
     data = '{"a": "ü"}\r\n\n{"b": [1, 2]}\n{"c": true}'.encode()
     decoder = NDJSONDecoder()
     values = [value for index in range(len(data)) for value in decoder.feed(data[index : index + 1])]
-    assert values + decoder.flush() == [{"a": "ü"}, {"b": [1, 2]}, {"c": True}]
+    assert values + list(decoder.flush()) == [{"a": "ü"}, {"b": [1, 2]}, {"c": True}]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,16 +128,23 @@ class SSEDecoder:
 
 
 class NDJSONDecoder:
-    """Bytes in, one parsed JSON value per non-blank line out; a bad line raises ``ValueError``."""
+    """Bytes in, one parsed JSON value per non-blank line out. Lines are split at once; values are
+    parsed as the caller iterates, so the values before a bad line arrive before its ``ValueError``."""
 
     def __init__(self) -> None:
         self._lines = LineDecoder()
 
-    def feed(self, data: bytes) -> list[Any]:
-        return [json.loads(line) for line in self._lines.feed(data) if line.strip()]
+    def feed(self, data: bytes) -> Iterator[Any]:
+        return _parse(self._lines.feed(data))
 
-    def flush(self) -> list[Any]:
-        return [json.loads(line) for line in self._lines.flush() if line.strip()]
+    def flush(self) -> Iterator[Any]:
+        return _parse(self._lines.flush())
+
+
+def _parse(lines: list[str]) -> Iterator[Any]:
+    for line in lines:
+        if line.strip():
+            yield json.loads(line)
 
 
 async def aiter_sse(chunks: AsyncIterable[bytes]) -> AsyncIterator[SSEEvent]:
