@@ -36,7 +36,8 @@ export class Composer {
   submit(onSend) {
     const content = this.input.value.trim();
     if (!content && !this.attachments.length) return;
-    if (!this.connected) return;
+    // The server runs one reply per session at a time; Stop first, then send.
+    if (!this.connected || this.streaming) return;
     const images = this.attachments;
     if (onSend(content, images) === false) return;
     this.input.value = "";
@@ -61,7 +62,7 @@ export class Composer {
   }
 
   updateButtons() {
-    this.sendButton.disabled = !this.connected;
+    this.sendButton.disabled = !this.connected || this.streaming;
     this.stopButton.disabled = !(this.connected && this.streaming);
     this.picker.disabled = !this.connected;
   }

@@ -79,7 +79,8 @@ export class Conversation {
   // ----- live frames -----
 
   addPendingUser(id, content, images) {
-    return this.append(userNode(content, images, 0, { role: "user", clientId: id, state: "pending" }));
+    const dataset = { role: "user", clientId: id, messageId: id, state: "pending" };
+    return this.append(userNode(content, images, 0, dataset));
   }
 
   addCommand(content) {
@@ -88,7 +89,10 @@ export class Conversation {
 
   accepted(frame) {
     let node = this.root.querySelector(`[data-client-id="${CSS.escape(frame.id)}"]`);
-    if (!node) node = this.append(userNode(frame.content, [], frame.images, { role: "user", clientId: frame.id }));
+    if (!node) {
+      const dataset = { role: "user", clientId: frame.id, messageId: frame.id };
+      node = this.append(userNode(frame.content, [], frame.images, dataset));
+    }
     node.dataset.state = "sent";
     node.dataset.turnId = frame.turn_id;
     this.pendingTurn = frame.turn_id;
@@ -105,8 +109,9 @@ export class Conversation {
   }
 
   route(frame) {
-    if (!this.pendingTurn) return;
-    const { node } = this.reply(this.pendingTurn);
+    const turnId = frame.turn_id || this.pendingTurn;
+    if (!turnId) return;
+    const { node } = this.reply(turnId);
     const label = node.querySelector(".route");
     label.textContent = routeLabel(frame.provider, frame.model);
     label.title = `Served by ${routeLabel(frame.provider, frame.model)} (${frame.route_kind}${frame.hint ? `, hint "${frame.hint}"` : ""})`;
@@ -174,9 +179,11 @@ export class Conversation {
       flushRenders();
       entry.node.dataset.state = "error";
     }
-    for (const pending of this.root.querySelectorAll('[data-role="user"][data-state="pending"]')) {
-      pending.dataset.state = "failed";
-    }
+    // A message the server refused stays shown, marked; the rest of the page carries on.
+    const refused = frame.message_id
+      ? this.root.querySelectorAll(`[data-client-id="${CSS.escape(frame.message_id)}"]`)
+      : this.root.querySelectorAll('[data-role="user"][data-state="pending"]');
+    for (const node of refused) node.dataset.state = "failed";
     const box = notice("error", frame.message || "Something went wrong.");
     box.dataset.testid = "error";
     box.dataset.code = frame.code || "";
@@ -202,31 +209,31 @@ export class Conversation {
   // ----- trims -----
 
   trimmed(frame) {
-    const marked = new Set();
-    const wanted = frame.message_ids || [];
-    let missing = 0;
-    for (const id of wanted) {
+    const turns = new Set();
+    for (const id of frame.message_ids || []) {
       const node = this.root.querySelector(`[data-message-id="${CSS.escape(id)}"]`);
-      if (node) {
-        greyOut(node);
-        if (node.dataset.turnId) marked.add(node.dataset.turnId);
-      } else missing += 1;
+      if (!node) continue;
+      greyOut(node);
+      if (node.dataset.turnId) turns.add(node.dataset.turnId);
     }
-    // Messages drawn live carry no server id; the dropped turns are always the oldest still sent.
-    if (missing > 0 || wanted.length === 0) this.greyOldestTurns(frame.dropped_turns || 0, marked);
+    // Replies drawn live carry no server id, but trims drop whole turns: grey the rest of each turn
+    // found, and if ids found fewer turns than were dropped, the oldest turns still sent.
+    const missing = (frame.dropped_turns || 0) - turns.size;
+    if (missing > 0) for (const turn of this.oldestSentTurns(missing, turns)) turns.add(turn);
+    turns.delete(this.pendingTurn);
+    for (const node of this.root.querySelectorAll("[data-turn-id]")) {
+      if (turns.has(node.dataset.turnId)) greyOut(node);
+    }
     this.append(trimNotice(frame));
   }
 
-  greyOldestTurns(count, alreadyMarked) {
+  oldestSentTurns(count, skip) {
     const order = [];
     for (const node of this.root.querySelectorAll("[data-turn-id]")) {
       const turn = node.dataset.turnId;
-      if (node.dataset.trimmed !== "true" && !order.includes(turn) && !alreadyMarked.has(turn)) order.push(turn);
+      if (node.dataset.trimmed !== "true" && !skip.has(turn) && !order.includes(turn)) order.push(turn);
     }
-    const turns = new Set([...alreadyMarked, ...order.slice(0, Math.max(0, count - alreadyMarked.size))]);
-    for (const node of this.root.querySelectorAll("[data-turn-id]")) {
-      if (turns.has(node.dataset.turnId) && node.dataset.turnId !== this.pendingTurn) greyOut(node);
-    }
+    return order.slice(0, count);
   }
 }
 

@@ -1,0 +1,109 @@
+"""Helpers for the browser tests: a real meterchat server in a subprocess and Debian's chromium.
+
+The server is started the way a user starts it (``python -m server --config F --port N``) on a free
+loopback port with its own data folder; Playwright drives the system chromium and never downloads
+a browser of its own.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
+START_DEADLINE_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def write_config(folder: Path, *, delay_ms: int = 5, extra: str = "") -> Path:
+    config = folder / "meterchat.toml"
+    config.write_text(
+        f"""
+[server]
+data_dir = "{(folder / "data").as_posix()}"
+{extra}
+[runtime]
+context_compact_ratio = 0.6
+
+[providers.demo]
+kind = "demo"
+model = "demo-small"
+context_window = 4096
+models = {{ "demo-open" = 0 }}
+delay_ms = {delay_ms}
+""",
+        encoding="utf-8",
+    )
+    return config
+
+
+@contextmanager
+def running_server(config: Path) -> Iterator[str]:
+    """Start the server on a free port; yield its base URL; stop it afterwards."""
+    port = free_port()
+    log = config.parent / f"server-{port}.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "server", "--config", str(config),
+             "--host", "127.0.0.1", "--port", str(port)],
+            cwd=REPO,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            _wait_until_serving(process, base, log)
+            yield base
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _wait_until_serving(process: subprocess.Popen[bytes], base: str, log: Path) -> None:
+    deadline = time.monotonic() + START_DEADLINE_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"meterchat exited with {process.returncode}:\n{_tail(log)}")
+        try:
+            if httpx.get(base + "/", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"meterchat did not answer within {START_DEADLINE_S}s:\n{_tail(log)}")
+
+
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-8000:]
+
+
+def chromium_path() -> str:
+    path = shutil.which("chromium")
+    if path is None:
+        raise RuntimeError("Debian's chromium is needed for the browser tests (scripts/test installs it)")
+    return path

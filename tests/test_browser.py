@@ -1,0 +1,271 @@
+"""The page in a real browser against a real server on the embedded demo provider.
+
+Each test opens a fresh browser context (its own storage) on a server started as a subprocess;
+waits are for conditions on the page, never for fixed times. Any uncaught error in the page's
+JavaScript fails the test that caused it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
+
+from tests.browser_support import CHROMIUM_ARGS, chromium_path, running_server, write_config
+
+pytestmark = pytest.mark.browser
+
+ASSISTANT = '[data-role="assistant"]'
+DONE = '[data-role="assistant"][data-state="done"]'
+
+
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Playwright]:
+    with sync_playwright() as pw:
+        yield pw
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+    yield browser
+    browser.close()
+
+
+@pytest.fixture(scope="module")
+def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with running_server(write_config(tmp_path_factory.mktemp("meterchat"))) as url:
+        yield url
+
+
+def _open_page(browser: Browser, base: str) -> Iterator[Page]:
+    context = browser.new_context(base_url=base, viewport={"width": 1100, "height": 800})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield page
+    context.close()
+    assert errors == [], f"uncaught errors in the page: {errors}"
+
+
+@pytest.fixture
+def page(browser: Browser, base_url: str) -> Iterator[Page]:
+    yield from _open_page(browser, base_url)
+
+
+def open_new_chat(page: Page) -> str:
+    page.goto("/")
+    expect(page.get_by_test_id("connection-status")).to_have_attribute("data-status", "online")
+    expect(page).to_have_url(re.compile(r"/s/[^/]+$"))
+    return page.url.rsplit("/", 1)[1]
+
+
+def send(page: Page, text: str) -> None:
+    expect(page.get_by_test_id("send")).to_be_enabled()
+    box = page.get_by_test_id("message-input")
+    box.fill(text)
+    box.press("Enter")
+
+
+def send_and_wait(page: Page, text: str) -> None:
+    done_before = page.locator(DONE).count()
+    send(page, text)
+    expect(page.locator(DONE)).to_have_count(done_before + 1)
+
+
+def test_page_streams_a_demo_reply_and_renders_it(page: Page) -> None:
+    open_new_chat(page)
+    send(page, "hello, who are you?")
+    expect(page.locator('[data-role="user"]').last).to_have_text("hello, who are you?")
+    reply = page.locator(ASSISTANT).last
+    expect(reply).to_have_attribute("data-state", "done")
+    # The demo's self-description is markdown: bold model name and a fenced code block.
+    expect(reply.locator(".msg-body strong").first).to_have_text("demo-small")
+    expect(reply.locator("pre code")).to_contain_text("budget = min(")
+    expect(reply.get_by_test_id("reply-route")).to_have_text("demo/demo-small")
+    expect(page.get_by_test_id("message-input")).to_have_value("")
+    expect(page.get_by_test_id("stop")).to_be_disabled()
+
+
+def test_echo_renders_markdown_and_model_html_never_runs(page: Page) -> None:
+    open_new_chat(page)
+    hostile = (
+        "echo ## Heading\n\n```js\nconsole.log('fenced');\n```\n\n"
+        '<img src="x-missing.png" onerror="window.__pwned = 1">\n\n'
+        "<script>window.__pwned = 2</script>\n\n"
+        '[link](javascript:window.__pwned=3)'
+    )
+    send_and_wait(page, hostile)
+    reply = page.locator(DONE).last
+    expect(reply.locator("h2")).to_have_text("Heading")
+    expect(reply.locator("pre code")).to_have_text("console.log('fenced');")
+    expect(reply.get_by_test_id("copy-code")).to_have_count(1)
+    expect(reply.locator("script")).to_have_count(0)
+    expect(reply.locator("[onerror]")).to_have_count(0)
+    # Let the image finish failing to load, so an onerror handler would have had its chance to run.
+    page.evaluate(
+        """() => new Promise((resolve) => {
+            const img = document.querySelector('[data-role="assistant"][data-state="done"] img');
+            if (!img || img.complete) return resolve();
+            img.addEventListener("error", resolve);
+            img.addEventListener("load", resolve);
+        })"""
+    )
+    link = reply.locator("a", has_text="link")
+    if link.count():
+        assert not (link.get_attribute("href") or "").lower().startswith("javascript:")
+        link.click()
+    assert page.evaluate("() => window.__pwned") is None
+
+
+def test_copy_button_copies_the_code(browser: Browser, base_url: str) -> None:
+    context = browser.new_context(base_url=base_url)
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base_url)
+    page = context.new_page()
+    try:
+        open_new_chat(page)
+        send_and_wait(page, "echo ```\nmake test\n```")
+        page.locator(DONE).last.get_by_test_id("copy-code").click()
+        expect(page.locator(DONE).last.get_by_test_id("copy-code")).to_have_text("Copied")
+        assert page.evaluate("() => navigator.clipboard.readText()") == "make test"
+    finally:
+        context.close()
+
+
+def test_meter_follows_the_route_and_says_when_the_window_is_unknown(page: Page) -> None:
+    open_new_chat(page)
+    meter = page.get_by_test_id("meter")
+    expect(page.get_by_test_id("meter-route")).to_have_text("demo/demo-small")
+    expect(page.get_by_test_id("meter-window")).to_have_text("4,096")
+    expect(page.get_by_test_id("meter-used")).to_have_text(re.compile(r"^~?\d[\d,]*$"))
+    # ratio 0.6 of a 4,096 window: the trimming budget sits inside the bar.
+    expect(page.get_by_test_id("meter-budget-marker")).to_be_visible()
+    window_line = re.compile(r"Context window: 4,096 tokens \(from configuration\)")
+    expect(meter).to_have_attribute("title", window_line)
+    send_and_wait(page, "echo a few words to count")
+    used_small = page.get_by_test_id("meter-used").inner_text()
+
+    page.get_by_test_id("model-picker").select_option("demo/demo-open")
+    expect(page.get_by_test_id("meter-route")).to_have_text("demo/demo-open")
+    window = page.get_by_test_id("meter-window")
+    expect(window).to_contain_text("window unknown")
+    expect(window).not_to_contain_text("4,096")
+    expect(meter).to_have_attribute("data-window-known", "false")
+    expect(meter).to_have_attribute("title", re.compile("Context window: unknown"))
+    expect(page.get_by_test_id("meter-budget-marker")).to_be_hidden()
+    assert page.get_by_test_id("meter-used").inner_text()
+
+    send_and_wait(page, "echo now on the open model")
+    expect(page.locator(DONE).last.get_by_test_id("reply-route")).to_have_text("demo/demo-open")
+    expect(page.get_by_test_id("meter-used")).not_to_have_text(used_small)
+
+
+def test_meter_levels_and_a_missing_window_clears_the_old_one(page: Page) -> None:
+    open_new_chat(page)
+    expect(page.get_by_test_id("meter-window")).to_have_text("4,096")
+    meter = page.get_by_test_id("meter")
+    base = {
+        "type": "context", "provider": "p", "model": "m", "route_kind": "hint", "tokens_source": "provider",
+        "context_token_budget": 1000, "reason": "usage",
+    }
+    update = "frame => window.meterchat.meter.update(frame)"
+    known = {"model_context_window": 2000, "window_source": "provider"}
+    page.evaluate(update, {**base, "estimated_tokens": 100, **known})
+    expect(meter).to_have_attribute("data-level", "calm")
+    expect(page.get_by_test_id("meter-used")).to_have_text("100")  # provider counts carry no "~"
+    expect(page.get_by_test_id("meter-route")).to_have_text("p/m")
+    expect(page.get_by_test_id("meter-route-kind")).to_have_text("hint")
+    expect(meter).to_have_attribute("title", re.compile(r"from provider metadata"))
+    page.evaluate(update, {**base, "estimated_tokens": 1500, "model_context_window": 2000})
+    expect(meter).to_have_attribute("data-level", "warn")
+    page.evaluate(update, {**base, "estimated_tokens": 1900, "model_context_window": 2000})
+    expect(meter).to_have_attribute("data-level", "danger")
+    page.evaluate(update, {**base, "estimated_tokens": 500})  # no window: the budget is the scale
+    expect(page.get_by_test_id("meter-window")).to_have_text("1,000 budget (window unknown)")
+    expect(page.get_by_test_id("meter-percent")).to_have_text("50%")
+    page.evaluate(update, {**base, "estimated_tokens": 500, "context_token_budget": 0})
+    expect(page.get_by_test_id("meter-window")).to_have_text("window unknown")
+    expect(meter).to_have_attribute("data-level", "unknown")
+    expect(page.get_by_test_id("meter-percent")).to_have_text("")
+
+
+def test_trims_show_a_notice_and_grey_the_dropped_turns(page: Page) -> None:
+    session_id = open_new_chat(page)
+    titles = ["paper moon", "harbour letters", "seventh garden", "spark train", "chess in the rain"]
+    for title in titles:
+        send_and_wait(page, f"please look up {title}")
+        if page.get_by_test_id("trim-notice").count():
+            break
+    notice = page.get_by_test_id("trim-notice").first
+    expect(notice).to_contain_text(re.compile(r"\d+ turns? \(\d+ messages?\) dropped, \d+ kept"))
+    first_user = page.locator('[data-role="user"]').first
+    expect(first_user).to_have_attribute("data-trimmed", "true")
+    expect(page.locator('[data-role="user"]').last).not_to_have_attribute("data-trimmed", "true")
+
+    # A reload restores the transcript from the history frame, greyed turns included.
+    page.reload()
+    expect(page).to_have_url(re.compile(f"/s/{session_id}$"))
+    expect(page.locator('[data-role="user"]').first).to_have_attribute("data-trimmed", "true")
+    expect(page.locator('[data-role="user"]').last).not_to_have_attribute("data-trimmed", "true")
+    expect(page.get_by_test_id("meter-route")).to_have_text("demo/demo-small")
+
+
+def test_reload_during_a_slow_stream_ends_with_the_whole_reply(browser: Browser, tmp_path: Path) -> None:
+    words = " ".join(f"word{i}" for i in range(40))
+    with running_server(write_config(tmp_path, delay_ms=60)) as base:
+        for page in _open_page(browser, base):
+            open_new_chat(page)
+            send(page, f"echo {words}")
+            streaming = page.locator('[data-role="assistant"][data-state="streaming"] .msg-body')
+            expect(streaming).to_contain_text("word3 ")
+            expect(page.get_by_test_id("stop")).to_be_enabled()
+            page.reload()
+            expect(page.locator(DONE)).to_have_count(1)
+            expect(page.locator(DONE).locator(".msg-body")).to_have_text(words)
+            expect(page.locator('[data-role="user"]')).to_have_count(1)
+
+
+def test_stop_keeps_the_partial_reply_and_marks_it(browser: Browser, tmp_path: Path) -> None:
+    words = " ".join(f"w{i}" for i in range(200))
+    with running_server(write_config(tmp_path, delay_ms=40)) as base:
+        for page in _open_page(browser, base):
+            open_new_chat(page)
+            send(page, f"echo {words}")
+            expect(page.locator('[data-state="streaming"] .msg-body')).to_contain_text("w2 ")
+            page.get_by_test_id("stop").click()
+            reply = page.locator(ASSISTANT).last
+            expect(reply).to_have_attribute("data-state", "stopped")
+            expect(reply.locator(".msg-foot")).to_contain_text("stopped")
+            assert "w0" in reply.locator(".msg-body").inner_text()
+            expect(page.get_by_test_id("send")).to_be_enabled()
+
+
+def test_session_list_shows_the_session_and_rename_works(page: Page) -> None:
+    session_id = open_new_chat(page)
+    send_and_wait(page, "echo naming this session")
+    item = page.locator(f'[data-testid="session-item"][data-session-id="{session_id}"]')
+    expect(item).to_be_visible()
+    expect(item).to_have_attribute("aria-current", "")
+    item.get_by_test_id("session-rename").click()
+    field = item.get_by_test_id("session-rename-input")
+    field.fill("Renamed by the browser test")
+    field.press("Enter")
+    expect(item.get_by_test_id("session-title")).to_have_text("Renamed by the browser test")
+    page.reload()
+    item = page.locator(f'[data-testid="session-item"][data-session-id="{session_id}"]')
+    expect(item.get_by_test_id("session-title")).to_have_text("Renamed by the browser test")
+    export = item.locator("a", has_text="JSON")
+    expect(export).to_have_attribute("href", re.compile(f"{session_id}/export\\?format=json"))
+
+
+def test_narrow_screen_hides_the_sidebar_behind_a_toggle(page: Page) -> None:
+    page.set_viewport_size({"width": 390, "height": 800})
+    open_new_chat(page)
+    sidebar = page.get_by_test_id("sidebar")
+    expect(sidebar).not_to_be_in_viewport()
+    page.get_by_test_id("sidebar-toggle").click()
+    expect(sidebar).to_be_in_viewport()
+    expect(page.get_by_test_id("message-input")).to_be_visible()
