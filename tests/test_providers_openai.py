@@ -306,3 +306,14 @@ async def test_fake_openai_cuts_utf8_characters_across_chunks(fake_openai: FakeO
             undecodable += 1
     assert undecodable > 0
     assert "日本語🎉" in b"".join(chunks).decode("utf-8")
+
+
+async def test_openai_consumer_can_stop_a_slow_stream(
+    fake_openai: FakeOpenAI, provider: OpenAIProvider
+) -> None:
+    fake_openai.enqueue(Reply(text=["first ", "second ", "third"], delay=0.5))
+    stream = provider.stream(HELLO)
+    assert await anext(stream) == TextDelta("first ")
+    await stream.aclose()  # what a "stop" does: the response is closed, no error escapes
+    events, error = await drain(provider.stream(HELLO))
+    assert error is None and _text(events) == "echo: héllo"
