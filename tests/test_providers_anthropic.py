@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 
 import pytest
@@ -228,3 +229,15 @@ async def test_anthropic_stream_without_message_stop_is_unavailable(
 
 async def test_anthropic_has_no_window_discovery(provider: AnthropicProvider) -> None:
     assert await provider.context_window("claude-fake") is None
+
+
+async def test_anthropic_held_stream_resumes_when_released(
+    fake_anthropic: FakeAnthropic, provider: AnthropicProvider
+) -> None:
+    release = threading.Event()
+    fake_anthropic.enqueue(Reply(text=["before ", "the hold"], hold=release, usage=(1, 2)))
+    stream = provider.stream(HELLO)
+    assert [await anext(stream), await anext(stream)] == [TextDelta("before "), TextDelta("the hold")]
+    release.set()
+    rest, error = await drain(stream)
+    assert error is None and rest == [Usage(1, 2), Finish("stop", "claude-fake")]

@@ -160,10 +160,17 @@ def transport_error(alias: str, exc: httpx.HTTPError, *, started: bool) -> Provi
     if isinstance(exc, httpx.TimeoutException):
         return Unavailable(f"{alias}: timed out ({type(exc).__name__})")
     if isinstance(exc, httpx.ConnectError):
-        return Unavailable(f"{alias}: cannot connect: {exc}")
+        return Unavailable(f"{alias}: cannot connect to {_url(exc)}: {exc}")
     if started:
         return Unavailable(f"{alias}: HTTP 200, then the stream ended early: {exc}", status=200)
     return Unavailable(f"{alias}: {type(exc).__name__}: {exc}")
+
+
+def _url(exc: httpx.HTTPError) -> str:
+    try:
+        return str(exc.request.url.copy_with(query=None))
+    except RuntimeError:  # an error raised before any request was attached
+        return "the provider"
 
 
 def stream_ended_early(alias: str) -> Unavailable:

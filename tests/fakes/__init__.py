@@ -26,7 +26,8 @@ Fixtures (``tests/fakes/fixtures.py``; session-scoped servers, reset before each
 ``Reply(text=[pieces], thinking=[pieces], tool_calls=[Call(name, arguments, id="")],
 usage=(input, output) | None | "auto", finish=None, model=None, status=200, error="...",
 error_type=None, error_code=None, body=None, headers={}, stream_error=None, ending="complete" |
-"drop" | "close", delay=0.0, raw=None, cache=(0, 0))``; see ``tests/fakes/base.py``.
+"drop" | "close", delay=0.0, raw=None, cache=(0, 0), hold=None | threading.Event)``;
+see ``tests/fakes/base.py``.
 
 ``await drain(provider.stream(request))`` returns ``(events, error_or_None)``.
 """

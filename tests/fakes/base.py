@@ -43,6 +43,8 @@ class Reply:
     ``stream_error`` sends a dialect error event after the pieces. ``ending``: ``"complete"``,
     ``"drop"`` (the connection is cut after the pieces) or ``"close"`` (a clean close without the
     terminator). ``delay`` seconds pass between pieces. ``raw`` bytes are sent as the whole body.
+    ``hold``: the stream pauses after the pieces until the test sets this event (a stream that hangs
+    mid-reply, for "stop" tests without timing).
     """
 
     text: Sequence[str] = ()
@@ -62,6 +64,7 @@ class Reply:
     delay: float = 0.0
     raw: bytes | None = None
     cache: tuple[int, int] = (0, 0)  # anthropic only: cache_creation / cache_read input tokens
+    hold: threading.Event | None = None  # after the pieces, wait until the test sets it
 
 
 @dataclass(frozen=True)
@@ -183,13 +186,15 @@ class FakeProvider:
         if reply.stream_error is not None:
             ending = [self.stream_error_event(reply)]
         chunks = head + ending
-        if reply.delay:  # slow stream: each piece on its own, a pause between pieces
+        if reply.delay or reply.hold:  # each piece on its own, a pause between pieces
             for index, event in enumerate(head):
-                if index:
+                if index and reply.delay:
                     await asyncio.sleep(reply.delay)
                 for piece in resplit([event], self.split, flush_each=True):
                     yield piece
             chunks = ending
+            while reply.hold is not None and not reply.hold.is_set():
+                await asyncio.sleep(0.005)
         for piece in resplit(chunks, self.split, flush_each=False):
             yield piece
         if reply.ending == "drop" and reply.stream_error is None:
