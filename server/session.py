@@ -130,11 +130,23 @@ class Turn:
                                f"no older turn is left to drop: the newest turn alone does not fit")
         await self.apply_trim(result)
 
+    async def set_aside(self) -> None:
+        """A turn refused before it fits is kept in the transcript but not sent again, so one
+        oversized message cannot block every later turn when proactive trimming is off."""
+        mine = [m for m in self.live.transcript if m.turn_id == self.turn_id and not m.is_hidden]
+        for message in mine:
+            message.excluded = "not sent: the request did not fit the model's context window"
+        await self.rt.store.save_messages(self.live.id, mine)
+
     # --- the loop -----------------------------------------------------------------------------
 
     async def run(self) -> None:
         try:
             await self.loop()
+        except CapacityExceeded as exc:
+            await self.finish_reply(interrupted=True)
+            await self.set_aside()
+            self.live.emit(error_frame(exc, turn_id=self.turn_id))
         except MeterchatError as exc:
             await self.finish_reply(interrupted=True)
             self.live.emit(error_frame(exc, turn_id=self.turn_id))

@@ -8,3 +8,6 @@ pytest_plugins = ["tests.fakes.fixtures"]  # fake_openai, fake_anthropic, fake_o
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
     return "asyncio"
+
+
+pytest_plugins = ["tests.fakes.fixtures"]
