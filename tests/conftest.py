@@ -9,5 +9,3 @@ pytest_plugins = ["tests.fakes.fixtures"]  # fake_openai, fake_anthropic, fake_o
 def anyio_backend() -> str:
     return "asyncio"
 
-
-pytest_plugins = ["tests.fakes.fixtures"]
