@@ -171,7 +171,7 @@ def test_meter_levels_and_a_missing_window_clears_the_old_one(page: Page) -> Non
         "type": "context", "provider": "p", "model": "m", "route_kind": "hint", "tokens_source": "provider",
         "context_token_budget": 1000, "reason": "usage",
     }
-    update = "frame => window.meterchat.meter.update(frame)"
+    update = "frame => window.meterchat.handle(frame)"
     known = {"model_context_window": 2000, "window_source": "provider"}
     page.evaluate(update, {**base, "estimated_tokens": 100, **known})
     expect(meter).to_have_attribute("data-level", "calm")
@@ -179,10 +179,17 @@ def test_meter_levels_and_a_missing_window_clears_the_old_one(page: Page) -> Non
     expect(page.get_by_test_id("meter-route")).to_have_text("p/m")
     expect(page.get_by_test_id("meter-route-kind")).to_have_text("hint")
     expect(meter).to_have_attribute("title", re.compile(r"from provider metadata"))
-    page.evaluate(update, {**base, "estimated_tokens": 1500, "model_context_window": 2000})
+    preview = page.get_by_test_id("trim-preview")
+    expect(preview).to_be_hidden()
+    page.evaluate(update, {**base, "estimated_tokens": 1500, "model_context_window": 2000,
+                           "trim_preview": {"turns": 2, "tokens": 1234}})
     expect(meter).to_have_attribute("data-level", "warn")
+    expect(preview).to_be_visible()
+    expect(preview).to_have_text("Next send will trim 2 turns, ~1,234 tokens, to fit the budget.")
+    expect(page.get_by_test_id("meter-budget-marker")).to_be_visible()
     page.evaluate(update, {**base, "estimated_tokens": 1900, "model_context_window": 2000})
     expect(meter).to_have_attribute("data-level", "danger")
+    expect(preview).to_be_hidden()  # a frame without a preview clears the old one
     page.evaluate(update, {**base, "estimated_tokens": 500})  # no window: the budget is the scale
     expect(page.get_by_test_id("meter-window")).to_have_text("1,000 budget (window unknown)")
     expect(page.get_by_test_id("meter-percent")).to_have_text("50%")
@@ -269,3 +276,42 @@ def test_narrow_screen_hides_the_sidebar_behind_a_toggle(page: Page) -> None:
     page.get_by_test_id("sidebar-toggle").click()
     expect(sidebar).to_be_in_viewport()
     expect(page.get_by_test_id("message-input")).to_be_visible()
+
+
+PNG_1X1 = bytes.fromhex(
+    "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
+    "0000000d49444154789c6360f8cfc0f01f0005000201a5fb2b8f0000000049454e44ae426082"
+)
+
+
+def test_attached_image_is_sent_and_shown(page: Page) -> None:
+    open_new_chat(page)
+    page.get_by_test_id("attach-input").set_input_files(
+        files=[{"name": "dot.png", "mimeType": "image/png", "buffer": PNG_1X1}]
+    )
+    expect(page.get_by_test_id("attachments").locator("img")).to_have_count(1)
+    send_and_wait(page, "echo got the picture")
+    user = page.locator('[data-role="user"]').last
+    expect(user).to_have_attribute("data-state", "sent")
+    expect(user.locator(".thumbs img")).to_have_count(1)
+    expect(page.get_by_test_id("attachments")).to_be_hidden()
+    page.reload()  # from the history frame the image is a count, not the picture
+    expect(page.locator('[data-role="user"]').last).to_contain_text("1 image attached")
+
+
+def test_token_form_when_the_server_needs_auth(browser: Browser, tmp_path: Path) -> None:
+    config = write_config(tmp_path, extra='auth_token = "sesame-browser-test"')
+    with running_server(config) as base:
+        for page in _open_page(browser, base):
+            page.goto("/")
+            form = page.get_by_test_id("token-form")
+            expect(form).to_be_visible()
+            expect(page.get_by_test_id("connection-status")).not_to_have_attribute("data-status", "online")
+            page.get_by_test_id("token-input").fill("sesame-browser-test")
+            page.get_by_test_id("token-input").press("Enter")
+            expect(form).to_be_hidden()
+            expect(page.get_by_test_id("connection-status")).to_have_attribute("data-status", "online")
+            session_id = page.url.rsplit("/", 1)[1]
+            send_and_wait(page, "echo behind a token")
+            item = page.locator(f'[data-testid="session-item"][data-session-id="{session_id}"]')
+            expect(item).to_be_visible()  # the REST list sent the bearer token too

@@ -82,7 +82,8 @@ async def test_switch_to_smaller_model_previews_the_trim(tmp_path):
             await c.hello()
             await c.send("switch_model", route="demo/demo-open")
             await c.until("context")
-            for title in ("paper moon", "seventh garden", "spark train", "harbour letters", "chess in the rain"):
+            titles = ("paper moon", "seventh garden", "spark train", "harbour letters", "chess in the rain")
+            for title in titles:
                 frames = await c.say(f"look up {title}")
                 assert not of_type(frames, "history_trimmed")
             await c.send("switch_model", route="demo/demo-small")

@@ -111,7 +111,8 @@ async def test_oversized_image_is_rejected_and_nothing_is_stored(tmp_path):
         async with client(address) as c:
             await c.hello()
             big = base64.b64encode(b"x" * 101).decode()
-            await c.send("message", id="img1", content="look", images=[{"media_type": "image/png", "data": big}])
+            image = {"media_type": "image/png", "data": big}
+            await c.send("message", id="img1", content="look", images=[image])
             error = await c.recv()
             assert error["code"] == "image_rejected" and error["message_id"] == "img1"
             assert "101 bytes" in error["message"]

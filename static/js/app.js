@@ -119,12 +119,12 @@ function showBanner(message) {
 function askForToken() {
   const dialog = $("token-form");
   dialog.hidden = false;
-  dialog.querySelector("input").focus();
+  dialog.querySelector('[data-testid="token-input"]').focus();
 }
 
 $("token-form").addEventListener("submit", (event) => {
   event.preventDefault();
-  setToken(event.target.querySelector("input").value.trim());
+  setToken(event.target.querySelector('[data-testid="token-input"]').value.trim());
   event.target.hidden = true;
   connection.url = socketUrl();
   connection.reconnectSoon(0);
@@ -137,5 +137,13 @@ $("new-chat").addEventListener("click", () => location.assign("/"));
 if (authRequired && !getToken()) askForToken();
 else connection.connect();
 
-// Expose a small handle for debugging from the console; tests do not depend on it.
-window.meterchat = { connection, conversation, meter };
+// A handle for the console and for browser tests that feed frames the demo cannot produce on cue.
+window.meterchat = {
+  connection,
+  conversation,
+  meter,
+  handle(frame) {
+    handle(frame);
+    composer.setStreaming(conversation.streaming);
+  },
+};

@@ -224,7 +224,11 @@ export class Conversation {
     for (const node of this.root.querySelectorAll("[data-turn-id]")) {
       if (turns.has(node.dataset.turnId)) greyOut(node);
     }
-    this.append(trimNotice(frame));
+    // Mid-turn trims (after a tool result) sit above the turn they happened in, not below its reply.
+    const notice = trimNotice(frame);
+    const turnStart = frame.turn_id && this.root.querySelector(`[data-turn-id="${CSS.escape(frame.turn_id)}"]`);
+    if (turnStart) turnStart.before(notice);
+    else this.append(notice);
   }
 
   oldestSentTurns(count, skip) {

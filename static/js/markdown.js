@@ -39,9 +39,11 @@ function addCopyButton(pre) {
     button.textContent = ok ? "Copied" : "Copy failed";
     setTimeout(() => (button.textContent = "Copy"), 1500);
   });
+  // marked writes the fence's language as class "language-x"; show it beside the button.
+  const lang = (pre.querySelector("code")?.className.match(/language-([\w+#.-]+)/) || [])[1] || "";
   const wrapper = el("div", { class: "code-block" });
   pre.replaceWith(wrapper);
-  wrapper.append(button, pre);
+  wrapper.append(el("div", { class: "code-head" }, el("span", { class: "code-lang", text: lang }), button), pre);
 }
 
 async function copyText(text) {
