@@ -284,16 +284,20 @@ def _read_providers(data: Mapping[str, Any]) -> dict[str, ProviderProfile]:
     return providers or {"demo": DEMO_PROFILE}
 
 
-def _read_list(data: Mapping[str, Any], key: str, schema: tuple[Setting, ...]) -> list[dict[str, Any]]:
+def _read_list(data: Mapping[str, Any], key: str, schema: tuple[Setting, ...],
+               prefix: str = "") -> list[dict[str, Any]]:
     items = data.get(key, [])
-    if not isinstance(items, list):
-        raise ConfigError(f"{key}: expected an array of tables")
+    name = prefix + key
+    if not isinstance(items, list) or not all(isinstance(item, Mapping) for item in items):
+        raise ConfigError(f"{name}: expected an array of tables")
     rows = []
     for index, item in enumerate(items):
-        values = _read_table(f"{key}[{index}]", item, schema)
+        values = _read_table(f"{name}[{index}]", item, schema)
         for setting in schema:
             if setting.default is None and values[setting.name] is None:
-                raise ConfigError(f"{key}[{index}].{setting.name}: required")
+                raise ConfigError(f"{name}[{index}].{setting.name}: required")
+            if setting.type is list and not all(isinstance(v, str) for v in values[setting.name]):
+                raise ConfigError(f"{name}[{index}].{setting.name}: expected a list of strings")
         rows.append(values)
     return rows
 
@@ -334,7 +338,7 @@ def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None
     routes = [ModelRoute(**row) for row in _read_list(data, "model_routes", ROUTE_SCHEMA)]
     for index, route in enumerate(routes):
         check_route(route.provider, providers, f"model_routes[{index}].provider")
-    rules = [ClassifierRule(**row) for row in _read_list(classifier, "rules", RULE_SCHEMA)]
+    rules = [ClassifierRule(**row) for row in _read_list(classifier, "rules", RULE_SCHEMA, "classifier.")]
     return Settings(ServerSettings(**server), RuntimeSettings(**runtime), providers, default_route,
                     routes, rules, source)
 
