@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
@@ -41,19 +43,24 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-def _open_page(browser: Browser, base: str) -> Iterator[Page]:
+@contextmanager
+def opened_page(browser: Browser, base: str) -> Iterator[Page]:
+    """A page in its own browser context; an uncaught error in the page's JavaScript fails the test."""
     context = browser.new_context(base_url=base, viewport={"width": 1100, "height": 800})
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield page
-    context.close()
+    try:
+        yield page
+    finally:
+        context.close()
     assert errors == [], f"uncaught errors in the page: {errors}"
 
 
 @pytest.fixture
 def page(browser: Browser, base_url: str) -> Iterator[Page]:
-    yield from _open_page(browser, base_url)
+    with opened_page(browser, base_url) as page:
+        yield page
 
 
 def open_new_chat(page: Page) -> str:
@@ -122,17 +129,13 @@ def test_echo_renders_markdown_and_model_html_never_runs(page: Page) -> None:
 
 
 def test_copy_button_copies_the_code(browser: Browser, base_url: str) -> None:
-    context = browser.new_context(base_url=base_url)
-    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base_url)
-    page = context.new_page()
-    try:
+    with opened_page(browser, base_url) as page:
+        page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base_url)
         open_new_chat(page)
         send_and_wait(page, "echo ```\nmake test\n```")
         page.locator(DONE).last.get_by_test_id("copy-code").click()
         expect(page.locator(DONE).last.get_by_test_id("copy-code")).to_have_text("Copied")
         assert page.evaluate("() => navigator.clipboard.readText()") == "make test"
-    finally:
-        context.close()
 
 
 def test_meter_follows_the_route_and_says_when_the_window_is_unknown(page: Page) -> None:
@@ -223,7 +226,7 @@ def test_trims_show_a_notice_and_grey_the_dropped_turns(page: Page) -> None:
 def test_reload_during_a_slow_stream_ends_with_the_whole_reply(browser: Browser, tmp_path: Path) -> None:
     words = " ".join(f"word{i}" for i in range(40))
     with running_server(write_config(tmp_path, delay_ms=60)) as base:
-        for page in _open_page(browser, base):
+        with opened_page(browser, base) as page:
             open_new_chat(page)
             send(page, f"echo {words}")
             streaming = page.locator('[data-role="assistant"][data-state="streaming"] .msg-body')
@@ -238,7 +241,7 @@ def test_reload_during_a_slow_stream_ends_with_the_whole_reply(browser: Browser,
 def test_stop_keeps_the_partial_reply_and_marks_it(browser: Browser, tmp_path: Path) -> None:
     words = " ".join(f"w{i}" for i in range(200))
     with running_server(write_config(tmp_path, delay_ms=40)) as base:
-        for page in _open_page(browser, base):
+        with opened_page(browser, base) as page:
             open_new_chat(page)
             send(page, f"echo {words}")
             expect(page.locator('[data-state="streaming"] .msg-body')).to_contain_text("w2 ")
@@ -302,7 +305,7 @@ def test_attached_image_is_sent_and_shown(page: Page) -> None:
 def test_token_form_when_the_server_needs_auth(browser: Browser, tmp_path: Path) -> None:
     config = write_config(tmp_path, extra='auth_token = "sesame-browser-test"')
     with running_server(config) as base:
-        for page in _open_page(browser, base):
+        with opened_page(browser, base) as page:
             page.goto("/")
             form = page.get_by_test_id("token-form")
             expect(form).to_be_visible()
@@ -315,3 +318,60 @@ def test_token_form_when_the_server_needs_auth(browser: Browser, tmp_path: Path)
             send_and_wait(page, "echo behind a token")
             item = page.locator(f'[data-testid="session-item"][data-session-id="{session_id}"]')
             expect(item).to_be_visible()  # the REST list sent the bearer token too
+
+
+def test_dropped_socket_resumes_the_stream_without_gaps_or_repeats(browser: Browser, tmp_path: Path) -> None:
+    words = " ".join(f"part{i}" for i in range(40))
+    with running_server(write_config(tmp_path, delay_ms=50)) as base:
+        with opened_page(browser, base) as page:
+            open_new_chat(page)
+            send(page, f"echo {words}")
+            expect(page.locator('[data-state="streaming"] .msg-body')).to_contain_text("part3 ")
+            page.evaluate("() => window.meterchat.connection.ws.close()")
+            expect(page.get_by_test_id("connection-status")).to_have_attribute("data-status", "online")
+            expect(page.locator(DONE)).to_have_count(1)
+            expect(page.locator(DONE).locator(".msg-body")).to_have_text(words)
+            assert page.evaluate("() => window.meterchat.connection.lastSeq") > 0
+
+
+def test_a_second_tab_sees_the_message_and_reply(browser: Browser, base_url: str) -> None:
+    with opened_page(browser, base_url) as first, opened_page(browser, base_url) as second:
+        session_id = open_new_chat(first)
+        second.goto(f"/s/{session_id}")
+        expect(second.get_by_test_id("connection-status")).to_have_attribute("data-status", "online")
+        send_and_wait(first, "echo seen from both tabs")
+        expect(second.locator('[data-role="user"]')).to_have_text(["echo seen from both tabs"])
+        expect(second.locator(DONE).locator(".msg-body")).to_have_text("seen from both tabs")
+
+
+def test_a_bad_model_command_shows_an_error_and_the_page_carries_on(page: Page) -> None:
+    open_new_chat(page)
+    send(page, "/model nowhere/nothing")
+    expect(page.locator('[data-role="command"]')).to_have_text("/model nowhere/nothing")
+    expect(page.get_by_test_id("error")).to_be_visible()
+    expect(page.get_by_test_id("connection-status")).to_have_attribute("data-status", "online")
+    send_and_wait(page, "echo still here")
+    expect(page.locator(DONE).last.locator(".msg-body")).to_have_text("still here")
+
+
+def test_export_import_and_delete_from_the_sidebar(page: Page, base_url: str, tmp_path: Path) -> None:
+    session_id = open_new_chat(page)
+    send_and_wait(page, "echo worth keeping")
+    exported = httpx.get(f"{base_url}/api/sessions/{session_id}/export", params={"format": "json"})
+    assert exported.status_code == 200
+    dump = tmp_path / "export.json"
+    dump.write_bytes(exported.content)
+
+    page.get_by_test_id("import-file").set_input_files(str(dump))
+    expect(page).not_to_have_url(re.compile(f"/s/{session_id}$"))
+    expect(page.locator(DONE).locator(".msg-body")).to_have_text("worth keeping")
+    imported_id = page.url.rsplit("/", 1)[1]
+
+    original = page.locator(f'[data-testid="session-item"][data-session-id="{session_id}"]')
+    expect(original).to_be_visible()
+    delete = original.get_by_test_id("session-delete")
+    delete.click()
+    expect(delete).to_have_text("Really delete?")  # one click never deletes
+    delete.click()
+    expect(original).to_have_count(0)
+    expect(page.locator(f'[data-session-id="{imported_id}"]')).to_be_visible()

@@ -3,7 +3,8 @@
 // The client keeps the highest `seq` it has applied and drops frames at or below it, so frames the
 // server replays after a reconnect are applied once. `session` and `history` frames are exempt: a
 // history frame replaces the whole transcript, so it becomes the new baseline even if the server's
-// counter restarted lower (a server restart, or a resume it could not replay).
+// counter restarted lower (a server restart, or a resume it could not replay). `error` frames are
+// never dropped (see receive).
 
 const BACKOFF_MS = [250, 500, 1000, 2000, 4000, 8000];
 
@@ -71,6 +72,10 @@ export class Connection {
       this.onStatus("online");
     } else if (frame.type === "history") {
       if (seq !== null) this.lastSeq = seq;
+    } else if (frame.type === "error") {
+      // Errors answering this connection's own request are not in the session's replay log and
+      // may repeat the current seq; dropping one would hide why a message went nowhere.
+      if (seq !== null) this.lastSeq = Math.max(this.lastSeq, seq);
     } else if (seq !== null) {
       if (seq <= this.lastSeq) return;
       this.lastSeq = seq;
