@@ -375,3 +375,33 @@ def test_export_import_and_delete_from_the_sidebar(page: Page, base_url: str, tm
     delete.click()
     expect(original).to_have_count(0)
     expect(page.locator(f'[data-session-id="{imported_id}"]')).to_be_visible()
+
+
+def test_a_burst_of_chunks_renders_once_per_frame(page: Page) -> None:
+    open_new_chat(page)
+    renders = page.evaluate(
+        """async () => {
+            const mc = window.meterchat;
+            mc.handle({type: "accepted", id: "burst", turn_id: "t-burst", content: "burst"});
+            const before = mc.renderStats.renders;
+            for (let i = 0; i < 50; i++) mc.handle({type: "chunk", turn_id: "t-burst", content: `w${i} `});
+            await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+            return mc.renderStats.renders - before;
+        }"""
+    )
+    assert renders == 1
+    body = page.locator('[data-turn-id="t-burst"][data-role="assistant"] .msg-body')
+    expect(body).to_have_text(" ".join(f"w{i}" for i in range(50)))
+    expect(page.get_by_test_id("stop")).to_be_enabled()
+
+
+def test_shift_enter_makes_a_new_line_and_enter_sends(page: Page) -> None:
+    open_new_chat(page)
+    box = page.get_by_test_id("message-input")
+    box.fill("echo first line")
+    box.press("Shift+Enter")
+    box.type("second line")
+    expect(box).to_have_value("echo first line\nsecond line")
+    expect(page.locator('[data-role="user"]')).to_have_count(0)
+    box.press("Enter")
+    expect(page.locator(DONE).locator(".msg-body")).to_have_text("first line\nsecond line")

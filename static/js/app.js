@@ -4,6 +4,7 @@ import { getToken, setToken, socketUrl, takeTokenFromUrl } from "./api.js";
 import { Composer } from "./composer.js";
 import { Conversation } from "./conversation.js";
 import { uuid } from "./dom.js";
+import { renderStats } from "./markdown.js";
 import { Meter } from "./meter.js";
 import { Sessions } from "./sessions.js";
 import { Connection } from "./socket.js";
@@ -142,6 +143,7 @@ window.meterchat = {
   connection,
   conversation,
   meter,
+  renderStats,
   handle(frame) {
     handle(frame);
     composer.setStreaming(conversation.streaming);

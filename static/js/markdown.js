@@ -19,7 +19,10 @@ DOMPurify.addHook("afterSanitizeAttributes", (node) => {
 
 const PURIFY_CONFIG = { FORBID_TAGS: ["style", "form", "input", "button", "textarea", "select"] };
 
+export const renderStats = { renders: 0 };
+
 export function renderMarkdown(target, text) {
+  renderStats.renders += 1;
   const html = DOMPurify.sanitize(marked.parse(text ?? ""), PURIFY_CONFIG);
   target.innerHTML = html;
   for (const pre of target.querySelectorAll("pre")) addCopyButton(pre);
