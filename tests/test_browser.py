@@ -278,6 +278,8 @@ def test_narrow_screen_hides_the_sidebar_behind_a_toggle(page: Page) -> None:
     expect(sidebar).not_to_be_in_viewport()
     page.get_by_test_id("sidebar-toggle").click()
     expect(sidebar).to_be_in_viewport()
+    page.get_by_test_id("message-input").click(position={"x": 300, "y": 10})
+    expect(sidebar).not_to_be_in_viewport()
     expect(page.get_by_test_id("message-input")).to_be_visible()
 
 

@@ -132,7 +132,12 @@ $("token-form").addEventListener("submit", (event) => {
   sessions.refresh();
 });
 
-$("sidebar-toggle").addEventListener("click", () => document.body.classList.toggle("sidebar-open"));
+$("sidebar-toggle").addEventListener("click", (event) => {
+  event.stopPropagation();
+  document.body.classList.toggle("sidebar-open");
+});
+// On a narrow screen the sidebar covers the page; a tap anywhere else puts it away.
+document.querySelector("main").addEventListener("click", () => document.body.classList.remove("sidebar-open"));
 $("new-chat").addEventListener("click", () => location.assign("/"));
 
 if (authRequired && !getToken()) askForToken();

@@ -16,6 +16,7 @@ export class Conversation {
     this.root = root;
     this.replies = new Map(); // turn_id -> {node, text, thinking} of the reply that grows next
     this.pendingTurn = null; // the turn a coming `route` frame belongs to
+    this.pinPending = false;
   }
 
   clear() {
@@ -123,7 +124,13 @@ export class Conversation {
     entry.text += frame.content;
     const body = entry.node.querySelector(".msg-body");
     scheduleRender(body, () => entry.text);
-    requestAnimationFrame(() => this.keepPinned());
+    if (!this.pinPending) {
+      this.pinPending = true;
+      requestAnimationFrame(() => {
+        this.pinPending = false;
+        this.keepPinned();
+      });
+    }
   }
 
   thinking(frame) {
