@@ -9,6 +9,7 @@ const TRIM_REASONS = {
   token_budget: "to fit the context window",
   turn_limit: "to stay within the turn limit",
   overflow_recovery: "after the provider said the context was full",
+  compaction: "by compaction",
 };
 
 export class Conversation {
