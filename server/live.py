@@ -65,6 +65,7 @@ class LiveSession:
         self.last_context: dict[str, Any] | None = None
         self.breadcrumb = ChatMessage("user", BREADCRUMB_TEXT, breadcrumb=True, id="breadcrumb-" + session_id)
         self.on_idle: Callable[[], None] | None = None
+        self._hidden_prefix = 0
         self.streaming: tuple[ChatMessage, list[str]] | None = None  # the reply being written
         self._bus = bus
 
@@ -90,18 +91,29 @@ class LiveSession:
         return [frame for frame in self.log if frame["seq"] > last_seq]
 
     def view(self) -> list[ChatMessage]:
-        """What the next provider call sends: leading system messages, the breadcrumb when anything
-        was trimmed or excluded, then every message still visible, in transcript order."""
-        system = []
-        index = 0
-        while index < len(self.transcript) and self.transcript[index].role == "system":
-            if not self.transcript[index].is_hidden:
-                system.append(self.transcript[index])
-            index += 1
-        rest = self.transcript[index:]
-        body = [m for m in rest if not m.is_hidden and not m.breadcrumb]
-        hidden = any(m.is_hidden and not m.summary for m in rest)
-        return system + ([self.breadcrumb] if hidden and body else []) + body
+        """What the next provider call sends: leading system messages, the breadcrumb when older
+        turns were left out, then every message still visible, in transcript order.
+
+        Trims only ever hide the oldest messages, so the scan starts past the hidden prefix it found
+        last time: a turn's work grows with what is still sent, not with the whole transcript."""
+        transcript = self.transcript
+        end = 0
+        while end < len(transcript) and transcript[end].role == "system":
+            end += 1
+        system = [m for m in transcript[:end] if not m.is_hidden]
+        start = max(self._hidden_prefix, end)
+        while start < len(transcript) and transcript[start].is_hidden:
+            start += 1
+        self._hidden_prefix = start
+        body = [m for m in transcript[start:] if not m.is_hidden and not m.breadcrumb]
+        summarized = any(m.summary for m in body)
+        left_out = start > end or len(body) < len(transcript) - start
+        crumb = [self.breadcrumb] if left_out and body and not summarized else []
+        return system + crumb + body
+
+    def reset_view(self) -> None:
+        """Call after un-hiding a message (a rolled-back compaction)."""
+        self._hidden_prefix = 0
 
     def sync_streaming(self) -> None:
         if self.streaming is not None:

@@ -48,7 +48,7 @@ SERVER_FRAMES: dict[str, tuple[str, ...]] = {
 
 CONTEXT_REASONS = ("hello", "switch", "hint", "send", "trim", "usage", "done", "restore")
 ROUTE_KINDS = ("default", "hint", "switch", "fallback")
-TRIM_REASONS = ("token_budget", "turn_limit", "overflow_recovery")
+TRIM_REASONS = ("token_budget", "turn_limit", "overflow_recovery", "compaction")
 
 
 @dataclass(frozen=True)

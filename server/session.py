@@ -119,9 +119,9 @@ class Turn:
     async def proactive_trims(self, budget: int) -> None:
         cost = self.runtime.image_token_cost
         await self.apply_trim(trim_to_recent_turn_count(self.live.view(), self.runtime.turn_limit))
+        await self.rt.compactor.compact(self)
         if budget > 0:
             await self.apply_trim(trim_to_recent_turns(self.live.view(), budget, image_token_cost=cost))
-        await self.rt.compactor.compact(self)
 
     async def recover(self, overflow: ContextOverflow) -> None:
         result = trim_for_overflow(self.live.view(), image_token_cost=self.runtime.image_token_cost)

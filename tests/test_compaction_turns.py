@@ -1,0 +1,76 @@
+"""Group compaction in real turns: truncation marks groups, summarization asks the route's model and
+rolls back when that fails."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.compaction import SUMMARY_PREFIX
+from tests.fakes import Reply
+from tests.fakes.base import words
+from tests.support import client, of_type, serve, settings_for
+
+pytestmark = pytest.mark.anyio
+
+
+def settings(tmp_path, fake, strategy):
+    return settings_for(tmp_path, {
+        "providers": {"p": {"kind": "openai", "base_url": fake.base_url, "model": "m", "tools": False}},
+        "runtime": {"compaction": {"strategy": strategy, "tokens_exceed": 600,
+                                   "minimum_preserved_groups": 2}},
+    })
+
+
+def summarizing(fail: bool):
+    def reply(body):
+        text = str(body["messages"])
+        if "Summarise the earlier conversation" in text:
+            return Reply(status=500, error="summary model down") if fail else Reply(text=["User likes tea."])
+        return Reply(text=words("noted " * 40))
+    return reply
+
+
+async def test_truncation_excludes_old_groups_and_keeps_them(tmp_path, fake_openai):
+    fake_openai.default = summarizing(False)
+    with serve(settings(tmp_path, fake_openai, "truncation")) as address:
+        async with client(address) as c:
+            await c.hello()
+            trims = []
+            for n in range(6):
+                trims += of_type(await c.say(f"message {n} " + "tea " * 60), "history_trimmed")
+        async with client(address) as d:
+            history = (await d.hello(c.session_id))[1]["messages"]
+    assert trims and all(t["reason"] == "compaction" and t["tokens_after"] <= 450 for t in trims)
+    excluded = [m for m in history if m.get("excluded")]
+    assert excluded and len(history) == 12
+    for request in fake_openai.requests:
+        first = [m for m in request.json["messages"] if m["role"] != "system"][0]
+        assert first["role"] == "user"
+
+
+async def test_summarization_replaces_old_groups_with_a_summary(tmp_path, fake_openai):
+    fake_openai.default = summarizing(False)
+    with serve(settings(tmp_path, fake_openai, "summarization")) as address:
+        async with client(address) as c:
+            await c.hello()
+            for n in range(6):
+                frames = await c.say(f"message {n} " + "tea " * 60)
+                assert frames[-1]["type"] == "done"
+    sent = [r.json["messages"] for r in fake_openai.requests]
+    summarized = [m for m in sent if any(SUMMARY_PREFIX in str(x.get("content")) for x in m)]
+    assert summarized
+    assert "User likes tea." in str(summarized[-1])
+    assert "earlier turns omitted" not in str(summarized[-1])
+
+
+async def test_summarization_failure_rolls_back_and_the_turn_goes_on(tmp_path, fake_openai):
+    fake_openai.default = summarizing(True)
+    with serve(settings(tmp_path, fake_openai, "summarization")) as address:
+        async with client(address) as c:
+            await c.hello()
+            for n in range(5):
+                frames = await c.say(f"message {n} " + "tea " * 60)
+                assert frames[-1]["type"] == "done"
+                assert not of_type(frames, "history_trimmed")
+    last = fake_openai.requests[-1].json["messages"]
+    assert "message 0" in str(last) and SUMMARY_PREFIX not in str(last)
