@@ -7,6 +7,7 @@ a browser of its own.
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+from playwright.sync_api import Browser, Page, expect
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM_ARGS = [
@@ -28,6 +30,9 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 START_DEADLINE_S = 30.0
+ASSISTANT = '[data-role="assistant"]'
+DONE = '[data-role="assistant"][data-state="done"]'
+
 
 
 def free_port() -> int:
@@ -107,3 +112,37 @@ def chromium_path() -> str:
     if path is None:
         raise RuntimeError("Debian's chromium is needed for the browser tests (scripts/test installs it)")
     return path
+
+
+@contextmanager
+def opened_page(browser: Browser, base: str) -> Iterator[Page]:
+    """A page in its own browser context; an uncaught error in the page's JavaScript fails the test."""
+    context = browser.new_context(base_url=base, viewport={"width": 1100, "height": 800})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        yield page
+    finally:
+        context.close()
+    assert errors == [], f"uncaught errors in the page: {errors}"
+
+
+def open_new_chat(page: Page) -> str:
+    page.goto("/")
+    expect(page.get_by_test_id("connection-status")).to_have_attribute("data-status", "online")
+    expect(page).to_have_url(re.compile(r"/s/[^/]+$"))
+    return page.url.rsplit("/", 1)[1]
+
+
+def send(page: Page, text: str) -> None:
+    expect(page.get_by_test_id("send")).to_be_enabled()
+    box = page.get_by_test_id("message-input")
+    box.fill(text)
+    box.press("Enter")
+
+
+def send_and_wait(page: Page, text: str) -> None:
+    done_before = page.locator(DONE).count()
+    send(page, text)
+    expect(page.locator(DONE)).to_have_count(done_before + 1)

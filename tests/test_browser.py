@@ -9,20 +9,26 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
 
-from tests.browser_support import CHROMIUM_ARGS, chromium_path, running_server, write_config
+from tests.browser_support import (
+    ASSISTANT,
+    CHROMIUM_ARGS,
+    DONE,
+    chromium_path,
+    open_new_chat,
+    opened_page,
+    running_server,
+    send,
+    send_and_wait,
+    write_config,
+)
 
 pytestmark = pytest.mark.browser
-
-ASSISTANT = '[data-role="assistant"]'
-DONE = '[data-role="assistant"][data-state="done"]'
-
 
 @pytest.fixture(scope="module")
 def playwright() -> Iterator[Playwright]:
@@ -43,44 +49,10 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-@contextmanager
-def opened_page(browser: Browser, base: str) -> Iterator[Page]:
-    """A page in its own browser context; an uncaught error in the page's JavaScript fails the test."""
-    context = browser.new_context(base_url=base, viewport={"width": 1100, "height": 800})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    try:
-        yield page
-    finally:
-        context.close()
-    assert errors == [], f"uncaught errors in the page: {errors}"
-
-
 @pytest.fixture
 def page(browser: Browser, base_url: str) -> Iterator[Page]:
     with opened_page(browser, base_url) as page:
         yield page
-
-
-def open_new_chat(page: Page) -> str:
-    page.goto("/")
-    expect(page.get_by_test_id("connection-status")).to_have_attribute("data-status", "online")
-    expect(page).to_have_url(re.compile(r"/s/[^/]+$"))
-    return page.url.rsplit("/", 1)[1]
-
-
-def send(page: Page, text: str) -> None:
-    expect(page.get_by_test_id("send")).to_be_enabled()
-    box = page.get_by_test_id("message-input")
-    box.fill(text)
-    box.press("Enter")
-
-
-def send_and_wait(page: Page, text: str) -> None:
-    done_before = page.locator(DONE).count()
-    send(page, text)
-    expect(page.locator(DONE)).to_have_count(done_before + 1)
 
 
 def test_page_streams_a_demo_reply_and_renders_it(page: Page) -> None:
