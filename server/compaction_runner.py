@@ -24,6 +24,7 @@ from server.compaction import (
 from server.config import CompactionSettings
 from server.errors import MeterchatError
 from server.history import is_turn_start
+from server.live import dropped_ids
 from server.providers.base import ProviderRequest, TextDelta
 
 if TYPE_CHECKING:
@@ -74,5 +75,5 @@ class Compactor:
                   dropped_turns=sum(1 for m in excluded if is_turn_start(m)),
                   kept_turns=sum(1 for m in view if is_turn_start(m)), reason="compaction",
                   token_budget=plan.target, tokens_before=plan.tokens_before, tokens_after=plan.tokens_after,
-                  message_ids=[m.id for m in excluded], turn_id=turn.turn_id)
+                  **dropped_ids(excluded), turn_id=turn.turn_id)
         await turn.emit_context("trim")

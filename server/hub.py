@@ -20,7 +20,7 @@ import anyio
 from server.errors import Busy, ImageRejected, UnknownRoute
 from server.history import ChatMessage, Image
 from server.history_trim import sweep_orphans, trim_to_recent_turn_count
-from server.live import LiveSession, TurnHandle, new_session_id
+from server.live import LiveSession, TurnHandle, dropped_ids, new_session_id
 from server.meter import context_body, read_meter
 from server.protocol import ImagePayload, server_frame
 from server.routing import Route
@@ -136,7 +136,7 @@ class SessionHub:
                     message.trimmed = True
                 await self.rt.store.save_messages(live.id, dropped)
                 live.emit(server_frame("history_trimmed", **{**result.frame_fields(),
-                          "dropped_messages": len(dropped)}, message_ids=[m.id for m in dropped]))
+                          "dropped_messages": len(dropped)}, **dropped_ids(dropped)))
                 await self.emit_context(live, live.route, "restore")
                 return
         await self.emit_context(live, live.route, "hello")

@@ -71,7 +71,7 @@ class LiveSession:
 
     def emit(self, frame: dict[str, Any]) -> dict[str, Any]:
         self.seq += 1
-        frame = {**frame, "seq": self.seq}
+        frame["seq"] = self.seq  # frames are built fresh for each emit; no copy on the hot path
         self.log.append(frame)
         if frame["type"] == "context":
             self.last_context = frame
@@ -123,6 +123,12 @@ class LiveSession:
     @property
     def busy(self) -> bool:
         return self.turn is not None
+
+
+def dropped_ids(messages: list[ChatMessage]) -> dict[str, list[str]]:
+    """``message_ids`` and ``turn_ids`` (in order, once each) of a ``history_trimmed`` frame."""
+    turns = list(dict.fromkeys(m.turn_id for m in messages if m.turn_id))
+    return {"message_ids": [m.id for m in messages], "turn_ids": turns}
 
 
 def new_session_id() -> str:

@@ -38,7 +38,7 @@ SERVER_FRAMES: dict[str, tuple[str, ...]] = {
     "tool_call": ("turn_id", "id", "name", "args"),
     "tool_result": ("turn_id", "id", "name", "output"),
     "history_trimmed": ("dropped_messages", "dropped_turns", "kept_turns", "reason", "token_budget?",
-                        "tokens_before?", "tokens_after?", "message_ids", "turn_id?"),
+                        "tokens_before?", "tokens_after?", "message_ids", "turn_ids", "turn_id?"),
     "done": ("turn_id", "full_response", "input_tokens", "output_tokens", "last_input_tokens", "provider",
              "model", "max_context_tokens", "model_context_window?", "cost_usd?"),
     "aborted": ("turn_id",),

@@ -26,7 +26,7 @@ from server.history_trim import (
     trim_to_recent_turn_count,
     trim_to_recent_turns,
 )
-from server.live import LiveSession
+from server.live import LiveSession, dropped_ids
 from server.meter import Reading, context_body, read_meter
 from server.protocol import server_frame
 from server.providers.base import (
@@ -84,6 +84,7 @@ class Turn:
         self.reply_parts: list[str] = []
         self.reply: ChatMessage | None = None
         self.last_flush = 0.0
+        self.flush_interval = rt.settings.server.store_flush_ms / 1000
 
     # --- frames -------------------------------------------------------------------------------
 
@@ -113,7 +114,7 @@ class Turn:
             message.trimmed = True
         await self.rt.store.save_messages(self.live.id, dropped)
         fields = {**result.frame_fields(), "dropped_messages": len(dropped)}
-        self.emit("history_trimmed", **fields, message_ids=[m.id for m in dropped], turn_id=self.turn_id)
+        self.emit("history_trimmed", **fields, **dropped_ids(dropped), turn_id=self.turn_id)
         await self.emit_context("trim")
 
     async def proactive_trims(self, budget: int) -> None:
@@ -207,11 +208,12 @@ class Turn:
         return result
 
     async def on_event(self, event: StreamEvent, result: CallResult) -> None:
-        if isinstance(event, TextDelta):
+        if isinstance(event, TextDelta):  # the hot path: one per streamed piece
             result.text += event.text
             self.reply_parts.append(event.text)
-            self.emit("chunk", turn_id=self.turn_id, content=event.text)
-            await self.maybe_flush()
+            self.live.emit({"type": "chunk", "turn_id": self.turn_id, "content": event.text})
+            if time.monotonic() - self.last_flush >= self.flush_interval:
+                await self.maybe_flush()
         elif isinstance(event, ThinkingDelta):
             self.emit("thinking", turn_id=self.turn_id, content=event.text)
         elif isinstance(event, ToolCallEvent):
@@ -248,8 +250,7 @@ class Turn:
 
     async def maybe_flush(self, force: bool = False) -> None:
         now = time.monotonic()
-        interval = self.rt.settings.server.store_flush_ms / 1000
-        if self.reply is None or (not force and now - self.last_flush < interval):
+        if self.reply is None or (not force and now - self.last_flush < self.flush_interval):
             return
         self.last_flush = now
         self.sync_reply()

@@ -12,6 +12,7 @@ document; otherwise it explains what it sees of the conversation and its context
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator, Sequence
 
@@ -38,6 +39,12 @@ _LOOKUP = re.compile(r"\b(look\s*up|lookup|find|fetch|read)\b", re.IGNORECASE)
 
 def demo_tokens(messages: Sequence[ChatMessage]) -> int:
     return sum(-(-len(m.content.encode("utf-8")) * 10 // 44) + 3 for m in messages)
+
+
+def _schema_tokens(request: ProviderRequest) -> int:
+    """Tool schemas occupy the prompt too, as they do with real providers."""
+    size = sum(len(json.dumps([t.name, t.description, t.parameters])) for t in request.tools)
+    return -(-size * 10 // 44)
 
 
 def _pieces(text: str) -> list[str]:
@@ -72,7 +79,7 @@ class DemoProvider:
         if request.model not in DEMO_WINDOWS:
             raise ProtocolError(f"demo: unknown model {request.model!r}; "
                                 f"try {', '.join(DEMO_WINDOWS)}", status=404)
-        prompt = demo_tokens(request.messages)
+        prompt = demo_tokens(request.messages) + _schema_tokens(request)
         window = DEMO_WINDOWS[request.model]
         if prompt > window:
             raise ContextOverflow(f"demo: prompt is too long: {prompt} tokens > {window} maximum",

@@ -217,7 +217,7 @@ export class Conversation {
   // ----- trims -----
 
   trimmed(frame) {
-    const turns = new Set();
+    const turns = new Set(frame.turn_ids || []);
     for (const id of frame.message_ids || []) {
       const node = this.root.querySelector(`[data-message-id="${CSS.escape(id)}"]`);
       if (!node) continue;
