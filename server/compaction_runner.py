@@ -47,6 +47,7 @@ class Compactor:
                 return
         else:
             apply_truncation(plan)
+        live.rebuild()
         await turn.rt.store.save_messages(live.id, plan.excluded_messages)
         await self.announce(turn, plan)
 
@@ -60,12 +61,10 @@ class Compactor:
             log.warning("summarization on %s failed (%s); continuing without compaction",
                         turn.route.name, exc.message)
             rollback(plan)
-            turn.live.reset_view()
             return False
         summary = apply_summary(turn.live.transcript, plan, "".join(parts))
         index = turn.live.transcript.index(summary)
         await turn.rt.store.insert_message(turn.live.id, index, summary)
-        turn.live.reset_view()
         return True
 
     async def announce(self, turn: Turn, plan: CompactionPlan) -> None:

@@ -19,9 +19,9 @@ import anyio
 
 from server.errors import Busy, ImageRejected, UnknownRoute
 from server.history import ChatMessage, Image
-from server.history_trim import sweep_orphans, trim_to_recent_turn_count
+from server.history_trim import sweep_orphans
 from server.live import LiveSession, TurnHandle, dropped_ids, new_session_id
-from server.meter import context_body, read_meter
+from server.meter import context_body, read_history
 from server.protocol import ImagePayload, server_frame
 from server.routing import Route
 from server.runtime import Runtime
@@ -92,11 +92,12 @@ class SessionHub:
 
     async def _create(self) -> LiveSession:
         route = self.rt.resolver.default_route()
-        live = LiveSession(new_session_id(), DEFAULT_TITLE, route, [], self.rt.bus)
+        live = LiveSession(new_session_id(), DEFAULT_TITLE, route, [], self.rt.bus,
+                           self.rt.settings.runtime.image_token_cost)
         await self.rt.store.create_session(live.id, title=live.title, route=route.name)
         if self.rt.settings.runtime.system_prompt:
             system = ChatMessage("system", self.rt.settings.runtime.system_prompt)
-            live.transcript.append(system)
+            live.add(system)
             await self.rt.store.append_messages(live.id, [system])
         return live
 
@@ -115,12 +116,13 @@ class SessionHub:
         if stored is None:
             return None
         live = LiveSession(stored.id, stored.title, self._stored_route(stored.route), stored.messages,
-                           self.rt.bus)
+                           self.rt.bus, self.rt.settings.runtime.image_token_cost)
         swept = {m.id for m in sweep_orphans(live.view())}
         orphans = [m for m in live.view() if m.id not in swept and not m.breadcrumb]
         for message in orphans:
             message.excluded = "orphaned tool message (its call or result is missing)"
         if orphans:
+            live.rebuild()
             await self.rt.store.save_messages(live.id, orphans)
         self._pending_restore.add(live.id)
         return live
@@ -129,7 +131,7 @@ class SessionHub:
         """Announce the restore trim (once) and send the meter for the session's route."""
         if live.id in self._pending_restore:
             self._pending_restore.discard(live.id)
-            result = trim_to_recent_turn_count(live.view(), self.rt.settings.runtime.turn_limit)
+            result = live.ledger.trim_turn_count(self.rt.settings.runtime.turn_limit)
             dropped = [m for m in result.dropped if not m.breadcrumb]
             if dropped:
                 for message in dropped:
@@ -152,11 +154,8 @@ class SessionHub:
         return {**server_frame("history", messages=messages), "seq": live.seq}
 
     async def emit_context(self, live: LiveSession, route: Route, reason: str) -> None:
-        view = live.view()
-        cost = self.rt.settings.runtime.image_token_cost
-        reading = await read_meter(self.rt.resolver, route, view, tools_for(self.rt, route), cost)
-        live.emit(context_body(reading, view, reason, calibrations=self.rt.resolver.calibration,
-                               image_token_cost=cost))
+        reading = await read_history(self.rt.resolver, route, live.ledger, tools_for(self.rt, route))
+        live.emit(context_body(reading, live.ledger, reason, calibrations=self.rt.resolver.calibration))
 
     def forget(self, session_id: str) -> None:
         live = self.sessions.pop(session_id, None)
@@ -188,7 +187,7 @@ class SessionHub:
         route, text = self.rt.resolver.for_message(live.route, content)
         turn_id = uuid.uuid4().hex[:12]
         user = ChatMessage("user", text, images=images or None, turn_id=turn_id, id=message_id)
-        live.transcript.append(user)
+        live.add(user)
         await self.rt.store.append_messages(live.id, [user])
         live.emit(server_frame("accepted", id=message_id, turn_id=turn_id, content=text,
                                images=len(images) or None))

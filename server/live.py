@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import uuid
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
 from server.events import EventBus
-from server.history import BREADCRUMB_TEXT, ChatMessage
+from server.history import BREADCRUMB_TEXT, DEFAULT_IMAGE_TOKEN_COST, ChatMessage
+from server.ledger import HistoryLedger
 from server.routing import Route
 
 FRAME_LOG_SIZE = 20000
@@ -53,7 +53,7 @@ class TurnHandle:
 
 class LiveSession:
     def __init__(self, session_id: str, title: str, route: Route, transcript: list[ChatMessage],
-                 bus: EventBus) -> None:
+                 bus: EventBus, image_token_cost: int = DEFAULT_IMAGE_TOKEN_COST) -> None:
         self.id = session_id
         self.title = title
         self.route = route
@@ -62,19 +62,17 @@ class LiveSession:
         self.log: deque[dict[str, Any]] = deque(maxlen=FRAME_LOG_SIZE)
         self.outboxes: set[Outbox] = set()
         self.turn: TurnHandle | None = None
-        self.last_context: dict[str, Any] | None = None
         self.breadcrumb = ChatMessage("user", BREADCRUMB_TEXT, breadcrumb=True, id="breadcrumb-" + session_id)
-        self.on_idle: Callable[[], None] | None = None
-        self._hidden_prefix = 0
         self.streaming: tuple[ChatMessage, list[str]] | None = None  # the reply being written
+        self.image_token_cost = image_token_cost
         self._bus = bus
+        self._hidden_prefix = 0
+        self.ledger = HistoryLedger(self._scan(), image_token_cost=image_token_cost)
 
     def emit(self, frame: dict[str, Any]) -> dict[str, Any]:
         self.seq += 1
         frame["seq"] = self.seq  # frames are built fresh for each emit; no copy on the hot path
         self.log.append(frame)
-        if frame["type"] == "context":
-            self.last_context = frame
         for outbox in self.outboxes:
             outbox.push(frame)
         self._bus.publish(self.id, frame)
@@ -90,12 +88,10 @@ class LiveSession:
             return None
         return [frame for frame in self.log if frame["seq"] > last_seq]
 
-    def view(self) -> list[ChatMessage]:
-        """What the next provider call sends: leading system messages, the breadcrumb when older
-        turns were left out, then every message still visible, in transcript order.
-
-        Trims only ever hide the oldest messages, so the scan starts past the hidden prefix it found
-        last time: a turn's work grows with what is still sent, not with the whole transcript."""
+    def _scan(self) -> list[ChatMessage]:
+        """The sendable history read off the transcript: leading system messages, the breadcrumb
+        when older turns were left out, then every message still visible, in transcript order.
+        Trims hide the oldest messages first, so the scan starts past the hidden prefix."""
         transcript = self.transcript
         end = 0
         while end < len(transcript) and transcript[end].role == "system":
@@ -106,14 +102,34 @@ class LiveSession:
             start += 1
         self._hidden_prefix = start
         body = [m for m in transcript[start:] if not m.is_hidden and not m.breadcrumb]
+        if self.streaming is not None and body and body[-1] is self.streaming[0]:
+            body.pop()  # the reply being written joins the ledger when it is complete
         summarized = any(m.summary for m in body)
         left_out = start > end or len(body) < len(transcript) - start
         crumb = [self.breadcrumb] if left_out and body and not summarized else []
         return system + crumb + body
 
-    def reset_view(self) -> None:
-        """Call after un-hiding a message (a rolled-back compaction)."""
+    def rebuild(self) -> None:
+        """Re-read the ledger after marks changed outside a trim (compaction, restore, set-aside)."""
         self._hidden_prefix = 0
+        self.ledger = HistoryLedger(self._scan(), image_token_cost=self.image_token_cost)
+
+    def view(self) -> list[ChatMessage]:
+        """What the next provider call sends (the ledger keeps it and its estimate current)."""
+        return self.ledger.messages()
+
+    def add(self, *messages: ChatMessage, sendable: bool = True) -> None:
+        """Append to the transcript; ``sendable=False`` for a reply still being written, which
+        ``complete`` later hands to the ledger."""
+        self.transcript.extend(messages)
+        if sendable:
+            self.ledger.extend(messages)
+
+    def complete(self, message: ChatMessage, *, listed: bool) -> None:
+        """A reply is finished: into the ledger (and the transcript, unless already ``listed``)."""
+        if not listed:
+            self.transcript.append(message)
+        self.ledger.append(message)
 
     def sync_streaming(self) -> None:
         if self.streaming is not None:

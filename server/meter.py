@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.calibration import Calibrations
-from server.history import ChatMessage, estimate_history_tokens
-from server.history_trim import trim_preview
+from server.ledger import HistoryLedger
 from server.protocol import server_frame
 from server.providers.base import ToolSpec
 from server.routing import Capacity, Route, RouteResolver
@@ -43,19 +42,23 @@ class Reading:
         return max(0, self.estimate - self.capacity.window)
 
 
-async def read_meter(resolver: RouteResolver, route: Route, messages: Sequence[ChatMessage],
-                     tools: Sequence[ToolSpec], image_token_cost: int) -> Reading:
+async def read_meter(resolver: RouteResolver, route: Route, estimate: int,
+                     tools: Sequence[ToolSpec]) -> Reading:
+    """Capacity and budget of ``route`` with the estimate of what would be sent to it."""
     capacity = await resolver.capacity(route)
-    estimate = estimate_history_tokens(messages, image_token_cost) + tool_schema_tokens(tools)
-    return Reading(route, capacity, resolver.budget(capacity), estimate)
+    return Reading(route, capacity, resolver.budget(capacity), estimate + tool_schema_tokens(tools))
 
 
-def context_body(reading: Reading, messages: Sequence[ChatMessage], reason: str, *,
-                 calibrations: Calibrations, image_token_cost: int,
+async def read_history(resolver: RouteResolver, route: Route, ledger: HistoryLedger,
+                       tools: Sequence[ToolSpec]) -> Reading:
+    return await read_meter(resolver, route, ledger.estimate, tools)
+
+
+def context_body(reading: Reading, ledger: HistoryLedger, reason: str, *, calibrations: Calibrations,
                  reported: int | None = None) -> dict[str, Any]:
     preview = None
     if reading.budget > 0 and reported is None:
-        turns, tokens = trim_preview(messages, reading.budget, image_token_cost=image_token_cost)
+        turns, tokens = ledger.preview(reading.budget)
         if turns:
             preview = {"turns": turns, "tokens": tokens}
     if reported is None:

@@ -17,17 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from server.errors import CapacityExceeded, ContextOverflow, HistoryUnfit, MeterchatError, error_frame
-from server.history import ChatMessage, ToolCall
-from server.history_trim import (
-    TrimResult,
-    cap_tool_result,
-    sweep_orphans,
-    trim_for_overflow,
-    trim_to_recent_turn_count,
-    trim_to_recent_turns,
-)
+from server.history import ChatMessage, ToolCall, estimate_history_tokens
+from server.history_trim import TrimReport, cap_tool_result, sweep_orphans
 from server.live import LiveSession, dropped_ids
-from server.meter import Reading, context_body, read_meter
+from server.meter import Reading, context_body, read_history, read_meter
 from server.protocol import server_frame
 from server.providers.base import (
     Finish,
@@ -83,6 +76,8 @@ class Turn:
         self.totals = Totals()
         self.reply_parts: list[str] = []
         self.reply: ChatMessage | None = None
+        self.reply_listed = False  # the reply is in the transcript (flushed while streaming)
+        self.final_text = ""
         self.last_flush = 0.0
         self.flush_interval = rt.settings.server.store_flush_ms / 1000
 
@@ -93,12 +88,10 @@ class Turn:
 
     async def emit_context(self, reason: str, reading: Reading | None = None,
                            reported: int | None = None) -> Reading:
-        view = self.live.view()
         if reading is None:
-            reading = await read_meter(self.rt.resolver, self.route, view, self.tools(),
-                                       self.runtime.image_token_cost)
-        self.live.emit(context_body(reading, view, reason, calibrations=self.rt.resolver.calibration,
-                                    image_token_cost=self.runtime.image_token_cost, reported=reported))
+            reading = await read_history(self.rt.resolver, self.route, self.live.ledger, self.tools())
+        self.live.emit(context_body(reading, self.live.ledger, reason,
+                                    calibrations=self.rt.resolver.calibration, reported=reported))
         return reading
 
     def tools(self, final: bool = False) -> list[ToolSpec]:
@@ -106,7 +99,7 @@ class Turn:
 
     # --- trimming -----------------------------------------------------------------------------
 
-    async def apply_trim(self, result: TrimResult) -> None:
+    async def apply_trim(self, result: TrimReport) -> None:
         dropped = [m for m in result.dropped if not m.breadcrumb]
         if not dropped:
             return
@@ -118,14 +111,13 @@ class Turn:
         await self.emit_context("trim")
 
     async def proactive_trims(self, budget: int) -> None:
-        cost = self.runtime.image_token_cost
-        await self.apply_trim(trim_to_recent_turn_count(self.live.view(), self.runtime.turn_limit))
+        await self.apply_trim(self.live.ledger.trim_turn_count(self.runtime.turn_limit))
         await self.rt.compactor.compact(self)
         if budget > 0:
-            await self.apply_trim(trim_to_recent_turns(self.live.view(), budget, image_token_cost=cost))
+            await self.apply_trim(self.live.ledger.trim(budget))
 
     async def recover(self, overflow: ContextOverflow) -> None:
-        result = trim_for_overflow(self.live.view(), image_token_cost=self.runtime.image_token_cost)
+        result = self.live.ledger.trim_for_overflow()
         if not result.trimmed or not [m for m in result.dropped if not m.breadcrumb]:
             raise HistoryUnfit(f"{self.route.name} reported a context overflow ({overflow.message}) and "
                                f"no older turn is left to drop: the newest turn alone does not fit")
@@ -137,6 +129,7 @@ class Turn:
         mine = [m for m in self.live.transcript if m.turn_id == self.turn_id and not m.is_hidden]
         for message in mine:
             message.excluded = "not sent: the request did not fit the model's context window"
+        self.live.rebuild()
         await self.rt.store.save_messages(self.live.id, mine)
 
     # --- the loop -----------------------------------------------------------------------------
@@ -164,8 +157,8 @@ class Turn:
         iteration = 0
         while iteration <= limit:
             final = iteration == limit
-            reading = await read_meter(self.rt.resolver, self.route, self.live.view(), self.tools(final),
-                                       self.runtime.image_token_cost)
+            reading = await read_history(self.rt.resolver, self.route, self.live.ledger,
+                                         self.tools(final))
             await self.proactive_trims(reading.budget)
             iteration += 1
             try:
@@ -182,8 +175,8 @@ class Turn:
         if final:
             messages.append(ChatMessage("user", FINAL_ANSWER_PROMPT, turn_id=self.turn_id))
         tools = self.tools(final)
-        reading = await read_meter(self.rt.resolver, self.route, messages, tools,
-                                   self.runtime.image_token_cost)
+        estimate = estimate_history_tokens(messages, self.runtime.image_token_cost)
+        reading = await read_meter(self.rt.resolver, self.route, estimate, tools)
         over = reading.over_capacity()
         if over:
             raise CapacityExceeded(
@@ -254,8 +247,9 @@ class Turn:
             return
         self.last_flush = now
         self.sync_reply()
-        if self.reply not in self.live.transcript:
-            self.live.transcript.append(self.reply)
+        if not self.reply_listed:
+            self.live.add(self.reply, sendable=False)
+            self.reply_listed = True
         await self.rt.store.save_messages(self.live.id, [self.reply])
 
     async def close_reply(self, tool_calls: Sequence[ToolCall] | None = None) -> None:
@@ -266,12 +260,12 @@ class Turn:
         self.sync_reply()
         reply.tool_calls = list(tool_calls) if tool_calls else None
         reply._text_tokens = None
-        if reply.content or reply.tool_calls:  # an empty reply was never stored: nothing to keep
-            if reply not in self.live.transcript:
-                self.live.transcript.append(reply)
-            await self.rt.store.save_messages(self.live.id, [reply])
-        self.reply, self.reply_parts = None, []
         self.live.streaming = None
+        if reply.content or reply.tool_calls:  # an empty reply was never stored: nothing to keep
+            self.live.complete(reply, listed=self.reply_listed)
+            await self.rt.store.save_messages(self.live.id, [reply])
+            self.final_text = "" if reply.tool_calls else reply.content
+        self.reply, self.reply_parts, self.reply_listed = None, [], False
 
     async def finish_reply(self, *, interrupted: bool) -> None:
         if self.reply is not None:
@@ -293,16 +287,14 @@ class Turn:
             self.emit("tool_result", turn_id=self.turn_id, id=call.id, name=call.name, output=output)
             results.append(ChatMessage("tool", output, tool_call_id=call.id, name=call.name,
                                        turn_id=self.turn_id))
-        self.live.transcript.extend(results)
+        self.live.add(*results)
         await self.rt.store.append_messages(self.live.id, results)
 
     async def emit_done(self) -> None:
-        final = [m for m in self.live.transcript if m.turn_id == self.turn_id and m.role == "assistant"]
-        text = final[-1].content if final and not final[-1].tool_calls else ""
         capacity = await self.rt.resolver.capacity(self.route)
         budget = self.rt.resolver.budget(capacity)
         t = self.totals
-        self.emit("done", turn_id=self.turn_id, full_response=text, input_tokens=t.input_tokens,
+        self.emit("done", turn_id=self.turn_id, full_response=self.final_text, input_tokens=t.input_tokens,
                   output_tokens=t.output_tokens, last_input_tokens=t.last_input_tokens,
                   provider=self.route.provider, model=self.route.model, max_context_tokens=budget,
                   model_context_window=capacity.window, cost_usd=t.cost_usd)

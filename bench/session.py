@@ -1,0 +1,99 @@
+"""Per-turn cost of the session's own history path against the length of the transcript:
+``python bench/session.py``.
+
+Each round does what ``server.session.Turn`` does around one provider call: add the user message,
+apply the turn limit and the token budget through the session's ``HistoryLedger``, read the meter
+(estimate and trim preview), assemble the request (``view`` + orphan sweep + estimate of what is
+sent), then add the reply. Two series:
+
+- bounded: the default turn limit (50) keeps what is sent bounded, so the transcript grows (100 to
+  10,000 turns, most of them trimmed) while the work should stay flat;
+- all sent: the turn limit equals the history and trimming is off, so every turn is sent: the work
+  grows with what is sent (assembling a request is linear in it), shown for honesty.
+
+The baseline, measured in the same run, is appending the two messages to a list. Printed, never
+asserted.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from server.events import EventBus  # noqa: E402
+from server.history import ChatMessage, estimate_history_tokens  # noqa: E402
+from server.history_trim import sweep_orphans  # noqa: E402
+from server.live import LiveSession  # noqa: E402
+from server.routing import Route  # noqa: E402
+
+SIZES = (100, 1_000, 10_000)
+ROUNDS = 200
+ROUTE = Route("demo", "demo-small", "default")
+
+
+def turn(n: int) -> tuple[ChatMessage, ChatMessage]:
+    return (ChatMessage("user", f"question {n}: " + "words " * 30, turn_id=str(n)),
+            ChatMessage("assistant", f"answer {n}: " + "reply " * 60, turn_id=str(n)))
+
+
+def session_of(turns: int, limit: int) -> LiveSession:
+    live = LiveSession("bench", "bench", ROUTE, [], EventBus())
+    for n in range(turns):
+        live.add(*turn(n))
+        for message in live.ledger.trim_turn_count(limit or turns + 1).dropped:
+            message.trimmed = True
+    return live
+
+
+def one_turn(live: LiveSession, n: int, limit: int, budget: int) -> None:
+    user, reply = turn(n)
+    live.add(user)
+    for report in (live.ledger.trim_turn_count(limit), live.ledger.trim(budget)):
+        for message in report.dropped:
+            message.trimmed = True
+    live.ledger.preview(budget)
+    _ = live.ledger.estimate
+    request = sweep_orphans(live.view())
+    estimate_history_tokens(request)
+    live.add(reply)
+
+
+def per_turn_us(turns: int, limit: int, budget: int) -> float:
+    """Best of three runs of ROUNDS turns each, on a session that already has ``turns`` turns."""
+    best = float("inf")
+    for _ in range(3):
+        live = session_of(turns, limit)
+        start = time.perf_counter()
+        for n in range(turns, turns + ROUNDS):
+            one_turn(live, n, limit if limit else n + 1, budget)
+        best = min(best, (time.perf_counter() - start) / ROUNDS * 1e6)
+    return best
+
+
+def baseline_us() -> float:
+    items: list[ChatMessage] = []
+    pairs = [turn(n) for n in range(ROUNDS)]
+    start = time.perf_counter()
+    for user, reply in pairs:
+        items.append(user)
+        items.append(reply)
+    return (time.perf_counter() - start) / ROUNDS * 1e6
+
+
+def main() -> None:
+    base = baseline_us()
+    print(f"baseline (append two messages): {base:.2f} us per turn")
+    print(f"{'series':<10} {'transcript turns':>16} {'us per turn':>12} {'x baseline':>11} {'x first':>8}")
+    for name, limit, budget in (("bounded", 50, 32_000), ("all sent", 0, 0)):
+        first = None
+        for size in SIZES:
+            us = per_turn_us(size, limit, budget)
+            first = first or us
+            print(f"{name:<10} {size:>16,} {us:>12.1f} {us / base:>11.0f} {us / first:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()
