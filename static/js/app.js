@@ -67,6 +67,7 @@ const handlers = {
     composer.setTrimPreview(f.trim_preview);
     // Hints and fallbacks serve one call; only a switch or the default is the session's choice.
     if (f.route_kind === "switch" || f.route_kind === "default") composer.showRoute(f.provider, f.model);
+    if (f.reason === "switch") sessions.refresh(); // the sidebar lists each session's route
   },
   route: (f) => conversation.route(f),
   chunk: (f) => conversation.chunk(f),

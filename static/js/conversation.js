@@ -82,7 +82,9 @@ export class Conversation {
 
   addPendingUser(id, content, images) {
     const dataset = { role: "user", clientId: id, messageId: id, state: "pending" };
-    return this.append(userNode(content, images, 0, dataset));
+    const node = this.append(userNode(content, images, 0, dataset));
+    this.root.scrollTop = this.root.scrollHeight; // the reader just sent it: follow the new turn
+    return node;
   }
 
   addCommand(content) {
@@ -235,8 +237,12 @@ export class Conversation {
     // Mid-turn trims (after a tool result) sit above the turn they happened in, not below its reply.
     const notice = trimNotice(frame);
     const turnStart = frame.turn_id && this.root.querySelector(`[data-turn-id="${CSS.escape(frame.turn_id)}"]`);
-    if (turnStart) turnStart.before(notice);
-    else this.append(notice);
+    if (turnStart) {
+      // Inserted above the turn being written: a reader following the stream stays with it.
+      const gap = this.root.scrollHeight - this.root.scrollTop - this.root.clientHeight;
+      turnStart.before(notice);
+      if (gap < 240) this.root.scrollTop = this.root.scrollHeight;
+    } else this.append(notice);
   }
 
   oldestSentTurns(count, skip) {
