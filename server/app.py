@@ -37,6 +37,11 @@ from server.store import open_store
 
 ROOT = Path(__file__).resolve().parent.parent
 templates = Jinja2Templates(directory=str(ROOT / "templates"))
+# Defence in depth behind the sanitiser: no script but our own files, no remote images (a model's
+# markdown cannot be used to track the reader), sockets and fetches only to this server.
+PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+               "img-src 'self' data: blob:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+               "frame-ancestors 'none'")
 
 
 def authorized(conn: HTTPConnection, token: str) -> bool:
@@ -82,8 +87,10 @@ def create_app(settings: Settings | None = None) -> Starlette:
         return state["hub"]  # type: ignore[return-value]
 
     async def page(request: Request) -> Response:
-        return templates.TemplateResponse(request, "index.html", {
+        response = templates.TemplateResponse(request, "index.html", {
             "static_prefix": "/static", "auth_required": bool(settings.server.auth_token)})
+        response.headers["Content-Security-Policy"] = PAGE_POLICY
+        return response
 
     async def websocket_endpoint(websocket: WebSocket) -> None:
         if not authorized(websocket, settings.server.auth_token) or \

@@ -23,6 +23,7 @@ async def test_page_and_health_are_served(tmp_path):
             health = (await http.get("/healthz")).json()
             script = await http.get("/static/js/app.js")
     assert page.status_code == 200 and "<html" in page.text.lower()
+    assert "script-src 'self'" in page.headers["content-security-policy"]
     assert session_page.status_code == 200
     assert health == {"ok": True, "providers": ["demo"], "default_route": "demo"}
     assert script.status_code == 200

@@ -379,3 +379,19 @@ def test_shift_enter_makes_a_new_line_and_enter_sends(page: Page) -> None:
     expect(page.locator('[data-role="user"]')).to_have_count(0)
     box.press("Enter")
     expect(page.locator(DONE).locator(".msg-body")).to_have_text("first line\nsecond line")
+
+
+def test_model_markdown_cannot_load_remote_images(page: Page, base_url: str) -> None:
+    # localhost is another origin than the 127.0.0.1 page: the page's policy must refuse it.
+    foreign = base_url.replace("127.0.0.1", "localhost") + "/healthz?tracker=1"
+    answered: list[str] = []
+    blocked: list[str] = []
+    page.on("response", lambda response: answered.append(response.url))
+    page.on("requestfailed", lambda request: blocked.append(request.failure or ""))
+    open_new_chat(page)
+    send_and_wait(page, f"echo look: ![pixel]({foreign})")
+    image = page.locator(DONE).last.locator("img")
+    expect(image).to_have_count(1)
+    page.wait_for_function("(img) => img.complete", arg=image.element_handle())
+    assert not [url for url in answered if "tracker=1" in url]
+    assert any("CSP" in failure.upper() for failure in blocked), blocked
