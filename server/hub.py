@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TITLE = "New chat"
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 MODEL_COMMAND = "/model"
+MAX_CACHED_SESSIONS = 256
 
 
 def message_view(message: ChatMessage) -> dict[str, Any]:
@@ -82,13 +83,26 @@ class SessionHub:
 
     async def open(self, session_id: str | None) -> LiveSession:
         async with self._lock:
-            if session_id and session_id in self.sessions:
-                return self.sessions[session_id]
-            live = await self._load(session_id) if session_id else None
+            live = self.sessions.pop(session_id, None) if session_id else None
+            if live is None and session_id:
+                live = await self._load(session_id)
             if live is None:
                 live = await self._create()
-            self.sessions[live.id] = live
+            self.sessions[live.id] = live  # most recently opened last
+            self._evict_idle()
             return live
+
+    def _evict_idle(self) -> None:
+        """Keep the cache bounded: the store holds every session, memory only the recent ones. An
+        evicted session's frame log goes with it; a client resuming it gets a fresh snapshot."""
+        excess = len(self.sessions) - MAX_CACHED_SESSIONS
+        for session_id, live in list(self.sessions.items()):
+            if excess <= 0:
+                return
+            if not live.outboxes and live.turn is None:
+                del self.sessions[session_id]
+                self._pending_restore.discard(session_id)
+                excess -= 1
 
     async def _create(self) -> LiveSession:
         route = self.rt.resolver.default_route()

@@ -194,3 +194,23 @@ async def test_coalescing_joins_chunks_without_losing_text(tmp_path):
     chunks = of_type(frames, "chunk")
     assert text_of(frames) == frames[-1]["full_response"]
     assert len(chunks) < len(frames[-1]["full_response"].split())
+
+
+async def test_idle_sessions_leave_the_cache_and_come_back_from_the_store(tmp_path, monkeypatch):
+    monkeypatch.setattr("server.hub.MAX_CACHED_SESSIONS", 2)
+    with serve(settings_for(tmp_path)) as address:
+        ids, last = [], []
+        for n in range(4):
+            async with client(address) as c:
+                await c.hello()
+                last.append((await c.say(f"echo session {n}"))[-1]["seq"])
+                ids.append(c.session_id)
+        async with client(address) as c:
+            recent = await c.hello(ids[3], last[3])
+            assert recent[0]["seq"] == last[3]  # still cached: a replay (here of nothing)
+        async with client(address) as c:
+            frames = await c.hello(ids[0], last[0])
+            frames.append(await c.recv())
+    assert frames[0]["session_id"] == ids[0] and frames[0]["resumed"] is True
+    assert frames[1]["type"] == "history"  # evicted: its log is gone, so a snapshot from the store
+    assert [m["content"] for m in frames[1]["messages"]] == ["echo session 0", "session 0"]
