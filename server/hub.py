@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -129,8 +130,11 @@ class SessionHub:
         stored = await self.rt.store.get_session(session_id)
         if stored is None:
             return None
+        # A reloaded session numbers its frames from now (in microseconds), above anything an earlier
+        # incarnation sent, so a client's old last_seq can never be mistaken for one of these.
         live = LiveSession(stored.id, stored.title, self._stored_route(stored.route), stored.messages,
-                           self.rt.bus, self.rt.settings.runtime.image_token_cost)
+                           self.rt.bus, self.rt.settings.runtime.image_token_cost,
+                           first_seq=time.time_ns() // 1000)
         swept = {m.id for m in sweep_orphans(live.view())}
         orphans = [m for m in live.view() if m.id not in swept and not m.breadcrumb]
         for message in orphans:

@@ -53,12 +53,12 @@ class TurnHandle:
 
 class LiveSession:
     def __init__(self, session_id: str, title: str, route: Route, transcript: list[ChatMessage],
-                 bus: EventBus, image_token_cost: int = DEFAULT_IMAGE_TOKEN_COST) -> None:
+                 bus: EventBus, image_token_cost: int = DEFAULT_IMAGE_TOKEN_COST, first_seq: int = 0) -> None:
         self.id = session_id
         self.title = title
         self.route = route
         self.transcript = transcript
-        self.seq = 0
+        self.first_seq = self.seq = first_seq
         self.log: deque[dict[str, Any]] = deque(maxlen=FRAME_LOG_SIZE)
         self.outboxes: set[Outbox] = set()
         self.turn: TurnHandle | None = None
@@ -80,8 +80,8 @@ class LiveSession:
 
     def replay_after(self, last_seq: int) -> list[dict[str, Any]] | None:
         """Frames after ``last_seq``, or None when the log no longer reaches back that far."""
-        if last_seq > self.seq or last_seq < 0:
-            return None
+        if last_seq > self.seq or last_seq < self.first_seq:
+            return None  # a number from another incarnation of this session (or none at all)
         if last_seq == self.seq:
             return []
         if not self.log or self.log[0]["seq"] > last_seq + 1:

@@ -213,4 +213,5 @@ async def test_idle_sessions_leave_the_cache_and_come_back_from_the_store(tmp_pa
             frames.append(await c.recv())
     assert frames[0]["session_id"] == ids[0] and frames[0]["resumed"] is True
     assert frames[1]["type"] == "history"  # evicted: its log is gone, so a snapshot from the store
+    assert frames[0]["seq"] > last[0]  # a new incarnation numbers above the old one
     assert [m["content"] for m in frames[1]["messages"]] == ["echo session 0", "session 0"]
