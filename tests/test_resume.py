@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 
@@ -141,3 +142,21 @@ async def test_sigkill_mid_stream_loses_no_user_message(tmp_path):
     assert replies[1]["interrupted"] is True
     streamed = text_of(seen)
     assert replies[1]["content"] and streamed.startswith(replies[1]["content"][: len(streamed) // 2])
+
+
+async def test_disconnect_stops_the_turn_when_keep_generating_is_off(tmp_path):
+    settings = settings_for(tmp_path, {"providers": {"demo": SLOW}}, keep_generating=False)
+    with serve(settings) as address:
+        async with client(address) as a:
+            await a.hello()
+            await a.send("message", id="q1", content="hello")
+            await a.until("chunk")
+        await anyio.sleep(0.3)  # the demo reply takes seconds at this pace; the server has seen the close
+        async with client(address) as b:
+            frames = await b.hello(a.session_id)
+            later = []
+            with anyio.move_on_after(1.0):
+                later.append(await b.recv())
+    replies = [m for m in frames[1]["messages"] if m["role"] == "assistant"]
+    assert len(replies) == 1 and replies[0]["interrupted"] is True
+    assert later == []  # nothing streams any more: the turn was stopped, not merely unobserved
