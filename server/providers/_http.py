@@ -23,10 +23,10 @@ import email.utils
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -204,3 +204,47 @@ async def get_json(client: httpx.AsyncClient, method: str, url: str, *,
         return response.json()
     except (httpx.HTTPError, ValueError):
         return None
+
+
+class HttpProvider:
+    """What the three HTTP dialects share: the client, URLs, and the loop that feeds decoded
+    events through a dialect's stream state until it says the reply is complete."""
+
+    kind = "http"
+
+    def __init__(self, profile: ProviderProfile, client: httpx.AsyncClient | None = None) -> None:
+        self.profile = profile
+        self._owns_client = client is None
+        self._client = client or build_client(profile)
+
+    def _url(self, path: str) -> str:
+        return self.profile.base_url.rstrip("/") + path
+
+    def _headers(self) -> dict[str, str]:
+        key = self.profile.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    async def _run(self, path: str, body: Mapping[str, Any], state: StreamState,
+                   decode: Callable[[AsyncIterator[bytes]], AsyncIterator[Any]]) -> AsyncIterator[Any]:
+        alias = self.profile.alias
+        async with open_stream(self._client, alias, self._url(path), body, self._headers()) as response:
+            async with aclosing(decode(response.aiter_bytes())) as events:
+                try:
+                    async for event in events:
+                        for item in state.handle(event):
+                            yield item
+                        if state.done:
+                            return
+                except ValueError as exc:
+                    raise ProtocolError(f"{alias}: HTTP 200, then a part that is not JSON: {exc}") from exc
+        raise stream_ended_early(alias)
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+
+class StreamState(Protocol):
+    done: bool
+
+    def handle(self, event: Any) -> list[Any]: ...

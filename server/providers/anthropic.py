@@ -17,13 +17,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Sequence
-from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
-from server.config import ProviderProfile
 from server.errors import ProtocolError
 from server.history import ChatMessage
 from server.providers import _http
@@ -193,13 +189,8 @@ class _StreamState:
             self.usage.update({k: v for k, v in usage.items() if isinstance(v, int)})
 
 
-class AnthropicProvider:
+class AnthropicProvider(_http.HttpProvider):
     kind = "anthropic"
-
-    def __init__(self, profile: ProviderProfile, client: httpx.AsyncClient | None = None) -> None:
-        self.profile = profile
-        self._owns_client = client is None
-        self._client = client or _http.build_client(profile)
 
     def _headers(self) -> dict[str, str]:
         headers = {"anthropic-version": API_VERSION}
@@ -207,23 +198,8 @@ class AnthropicProvider:
             headers["x-api-key"] = self.profile.api_key
         return headers
 
-    async def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:
-        alias = self.profile.alias
-        state = _StreamState(alias)
-        url = self.profile.base_url.rstrip("/") + "/v1/messages"
-        async with _http.open_stream(self._client, alias, url, request_body(request),
-                                     self._headers()) as response:
-            async with aclosing(aiter_sse(response.aiter_bytes())) as events:
-                async for event in events:
-                    for item in state.handle(event):
-                        yield item
-                    if state.done:
-                        return
-        raise _http.stream_ended_early(alias)
+    def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:
+        return self._run("/v1/messages", request_body(request), _StreamState(self.profile.alias), aiter_sse)
 
     async def context_window(self, model: str) -> WindowInfo | None:
         return None  # no metadata endpoint we rely on; windows come from the settings
-
-    async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.aclose()

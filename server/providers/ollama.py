@@ -25,13 +25,9 @@ import hashlib
 import json
 import re
 from collections.abc import AsyncIterator, Sequence
-from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
-from server.config import ProviderProfile
 from server.errors import ProtocolError
 from server.history import ChatMessage
 from server.providers import _http
@@ -141,37 +137,12 @@ class _StreamState:
         return out
 
 
-class OllamaProvider:
-    kind = "ollama"
+class OllamaProvider(_http.HttpProvider):
+    kind = "ollama"  # the key, if any, is for an Ollama behind an authenticating proxy
 
-    def __init__(self, profile: ProviderProfile, client: httpx.AsyncClient | None = None) -> None:
-        self.profile = profile
-        self._owns_client = client is None
-        self._client = client or _http.build_client(profile)
-
-    def _url(self, path: str) -> str:
-        return self.profile.base_url.rstrip("/") + path
-
-    def _headers(self) -> dict[str, str]:
-        key = self.profile.api_key  # for Ollama behind an authenticating proxy
-        return {"Authorization": f"Bearer {key}"} if key else {}
-
-    async def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:
-        alias = self.profile.alias
-        state = _StreamState(alias)
+    def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:
         body = request_body(request, self.profile.num_ctx)
-        async with _http.open_stream(self._client, alias, self._url("/api/chat"), body,
-                                     self._headers()) as response:
-            async with aclosing(aiter_ndjson(response.aiter_bytes())) as lines:
-                try:
-                    async for line in lines:
-                        for item in state.handle(line):
-                            yield item
-                        if state.done:
-                            return
-                except ValueError as exc:
-                    raise ProtocolError(f"{alias}: HTTP 200, then a line that is not JSON: {exc}") from exc
-        raise _http.stream_ended_early(alias)
+        return self._run("/api/chat", body, _StreamState(self.profile.alias), aiter_ndjson)
 
     async def context_window(self, model: str) -> WindowInfo | None:
         show = await _http.get_json(self._client, "POST", self._url("/api/show"),
@@ -189,10 +160,6 @@ class OllamaProvider:
             window = min(trained, ASSUMED_SERVER_NUM_CTX)
             return WindowInfo(window, "provider", {**detail, "basis": "assumed server default"})
         return None
-
-    async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.aclose()
 
 
 def _trained_window(info: Any) -> int | None:

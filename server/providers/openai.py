@@ -17,13 +17,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Sequence
-from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
-from server.config import ProviderProfile
 from server.errors import ProtocolError
 from server.history import ChatMessage
 from server.providers import _http
@@ -204,34 +200,12 @@ class _StreamState:
         return out
 
 
-class OpenAIProvider:
+class OpenAIProvider(_http.HttpProvider):
     kind = "openai"
 
-    def __init__(self, profile: ProviderProfile, client: httpx.AsyncClient | None = None) -> None:
-        self.profile = profile
-        self._owns_client = client is None
-        self._client = client or _http.build_client(profile)
-
-    def _headers(self) -> dict[str, str]:
-        key = self.profile.api_key
-        return {"Authorization": f"Bearer {key}"} if key else {}
-
-    def _url(self, path: str) -> str:
-        return self.profile.base_url.rstrip("/") + path
-
-    async def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:
-        alias = self.profile.alias
-        state = _StreamState(alias)
-        url = self._url("/chat/completions")
-        async with _http.open_stream(self._client, alias, url, request_body(request),
-                                     self._headers()) as response:
-            async with aclosing(aiter_sse(response.aiter_bytes())) as events:
-                async for event in events:
-                    for item in state.handle(event):
-                        yield item
-                    if state.done:
-                        return
-        raise _http.stream_ended_early(alias)
+    def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:
+        return self._run("/chat/completions", request_body(request), _StreamState(self.profile.alias),
+                         aiter_sse)
 
     async def context_window(self, model: str) -> WindowInfo | None:
         listing = await _http.get_json(self._client, "GET", self._url("/models"), headers=self._headers())
@@ -241,9 +215,6 @@ class OpenAIProvider:
                 return _card_window(card)
         return None
 
-    async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.aclose()
 
 
 def _card_window(card: dict[str, Any]) -> WindowInfo | None:
