@@ -248,3 +248,16 @@ class StreamState(Protocol):
     done: bool
 
     def handle(self, event: Any) -> list[Any]: ...
+
+
+def tool_arguments(alias: str, name: str, parts: list[str]) -> dict[str, Any]:
+    """A streamed tool call's arguments, joined from their fragments; must be a JSON object."""
+    text = "".join(parts).strip() or "{}"
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ProtocolError(f"{alias}: HTTP 200, then tool call {name!r} with arguments that are not "
+                            f"JSON: {text[:200]!r}") from exc
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{alias}: tool call {name!r} arguments are not an object")
+    return value

@@ -15,7 +15,6 @@ complete, then one Usage and Finish at ``message_stop``. No window discovery (No
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,18 +153,8 @@ class _StreamState:
         block = self.blocks.pop(payload.get("index", 0), None)
         if block is None or block.kind != "tool_use":
             return []
-        return [ToolCallEvent(block.id, block.name, self._input(block))]
-
-    def _input(self, block: _Block) -> dict[str, Any]:
-        text = "".join(block.json_parts).strip() or "{}"
-        try:
-            value = json.loads(text)
-        except ValueError as exc:
-            raise ProtocolError(f"{self.alias}: HTTP 200, then tool_use {block.name!r} with input "
-                                f"that is not JSON: {text[:200]!r}") from exc
-        if not isinstance(value, dict):
-            raise ProtocolError(f"{self.alias}: tool_use {block.name!r} input is not an object")
-        return value
+        arguments = _http.tool_arguments(self.alias, block.name, block.json_parts)
+        return [ToolCallEvent(block.id, block.name, arguments)]
 
     def _on_message_delta(self, payload: dict[str, Any]) -> list[StreamEvent]:
         reason = (payload.get("delta") or {}).get("stop_reason")

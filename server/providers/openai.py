@@ -177,20 +177,10 @@ class _StreamState:
         out: list[StreamEvent] = []
         for index in sorted(self.calls):
             call = self.calls[index]
-            out.append(ToolCallEvent(call.id or f"call_{index}", call.name, self._arguments(call)))
+            arguments = _http.tool_arguments(self.alias, call.name, call.arguments)
+            out.append(ToolCallEvent(call.id or f"call_{index}", call.name, arguments))
         self.calls.clear()
         return out
-
-    def _arguments(self, call: _PartialCall) -> dict[str, Any]:
-        text = "".join(call.arguments).strip() or "{}"
-        try:
-            arguments = json.loads(text)
-        except ValueError as exc:
-            raise ProtocolError(f"{self.alias}: HTTP 200, then tool call {call.name!r} with arguments "
-                                f"that are not JSON: {text[:200]!r}") from exc
-        if not isinstance(arguments, dict):
-            raise ProtocolError(f"{self.alias}: tool call {call.name!r} arguments are not an object")
-        return arguments
 
     def _finish(self) -> list[StreamEvent]:
         out = self._tool_calls()  # servers that stream calls but never send finish_reason
