@@ -133,6 +133,10 @@ def _summarise_document(result: ChatMessage) -> str:
             f"on `demo-small` the older turns are trimmed once the budget is reached.")
 
 
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
 def _describe(model: str, messages: list[ChatMessage], prompt: int) -> str:
     turns = sum(1 for m in messages if is_turn_start(m))
     tools = sum(1 for m in messages if m.role == "tool")
@@ -141,9 +145,10 @@ def _describe(model: str, messages: list[ChatMessage], prompt: int) -> str:
               else "my window is not published, so meterchat shows it as unknown")
     omitted = any(m.breadcrumb for m in messages)
     lines = [
-        f"I am **{model}**, meterchat's offline demo model. In my context I see {len(messages)} messages: "
-        f"{turns} user turns, {replies} earlier replies and {tools} tool results, {prompt:,} tokens by my "
-        f"own count; {window}.",
+        f"I am **{model}**, meterchat's offline demo model. In my context I see "
+        f"{_count(len(messages), 'message')}: {_count(turns, 'user turn')}, "
+        f"{_count(replies, 'earlier reply', 'earlier replies')} and {_count(tools, 'tool result')}, "
+        f"{prompt:,} tokens by my own count; {window}.",
     ]
     if omitted:
         lines.append("A note tells me that earlier turns were omitted to fit the context window.")
