@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from server.errors import Busy, ImageRejected, UnknownRoute
+from server.errors import BadFrame, Busy, ImageRejected, UnknownRoute
 from server.history import ChatMessage, Image
 from server.history_trim import sweep_orphans
 from server.live import LiveSession, TurnHandle, dropped_ids, new_session_id
@@ -193,7 +193,7 @@ class SessionHub:
             live.turn.cancel_scope.cancel()
 
     async def submit(self, live: LiveSession, message_id: str, content: str,
-                     payloads: list[ImagePayload]) -> None:
+                     payloads: list[ImagePayload], retry_of: str | None = None) -> None:
         if any(m.id == message_id for m in live.transcript):
             return  # a client resending after a reconnect: the message is already durable
         if content.strip().split(" ", 1)[0] == MODEL_COMMAND:
@@ -202,6 +202,8 @@ class SessionHub:
         if live.busy:
             raise Busy("a reply is still being written in this session; stop it or wait for it to finish")
         images = decode_images(payloads, self.rt.settings.runtime.max_image_bytes, message_id)
+        if retry_of:
+            await self._set_aside(live, retry_of)
         route, text = self.rt.resolver.for_message(live.route, content)
         turn_id = uuid.uuid4().hex[:12]
         user = ChatMessage("user", text, images=images or None, turn_id=turn_id, id=message_id)
@@ -213,6 +215,16 @@ class SessionHub:
         handle = TurnHandle(turn_id, anyio.CancelScope())
         live.turn = handle
         self.rt.task_group.start_soon(self._run_turn, live, Turn(self.rt, live, turn_id, route), handle)
+
+    async def _set_aside(self, live: LiveSession, turn_id: str) -> None:
+        """A retry replaces the failed turn: it stays in the transcript, no longer sent."""
+        failed = [m for m in live.transcript if m.turn_id == turn_id and not m.is_hidden]
+        if not failed:
+            raise BadFrame(f"message.retry_of: no turn {turn_id!r} still sent in this session")
+        for message in failed:
+            message.excluded = "replaced by a retry"
+        live.rebuild()
+        await self.rt.store.save_messages(live.id, failed)
 
     async def _maybe_title(self, live: LiveSession, text: str) -> None:
         if live.title != DEFAULT_TITLE or not text.strip():

@@ -20,7 +20,7 @@ MAX_FRAME_BYTES = 16 * 1024 * 1024
 
 CLIENT_FRAMES: dict[str, tuple[str, ...]] = {
     "hello": ("session_id?", "last_seq?"),
-    "message": ("id", "content", "images?"),
+    "message": ("id", "content", "images?", "retry_of?"),
     "switch_model": ("route",),
     "stop": (),
 }
@@ -99,6 +99,8 @@ def _validate(frame: dict[str, Any]) -> dict[str, Any]:
         _require(frame, "id", str, "a string")
         _require(frame, "content", str, "a string")
         frame["images"] = _check_images(frame)
+        if frame.get("retry_of") is not None:
+            _require(frame, "retry_of", str, "the turn_id of a failed turn")
         if not frame["content"].strip() and not frame["images"]:
             raise BadFrame("message.content: empty message")
     elif kind == "switch_model":

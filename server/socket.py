@@ -116,7 +116,8 @@ class Connection:
         if frame.type == "hello":
             raise BadFrame("this connection already said hello; open a new connection for another session")
         if frame.type == "message":
-            await self.hub.submit(live, frame.get("id"), frame.get("content"), frame.get("images"))
+            await self.hub.submit(live, frame.get("id"), frame.get("content"), frame.get("images"),
+                                  frame.get("retry_of"))
         elif frame.type == "switch_model":
             await self.hub.switch(live, frame.get("route"))
         elif frame.type == "stop":

@@ -178,3 +178,22 @@ async def test_tool_cap_ends_with_a_final_call_without_tools(tmp_path, fake_open
     results = of_type(frames, "tool_result")
     assert len(results) == 2 and all("characters truncated" in r["output"] for r in results)
     assert frames[-1]["type"] == "done"
+
+
+async def test_retry_of_replaces_the_failed_turn(tmp_path, fake_openai):
+    fake_openai.enqueue(Reply(status=503, error="busy"))
+    with serve(settings(tmp_path, "openai", fake_openai)) as address:
+        async with client(address) as c:
+            await c.hello()
+            failed = (await c.say("the question"))[-1]
+            assert failed["code"] == "overloaded" and failed["retryable"] is True
+            frames = await c.say("the question", retry_of=failed["turn_id"])
+            assert frames[-1]["full_response"] == "echo: the question"
+            await c.send("message", id="bad", content="x", retry_of="no-such-turn")
+            error = await c.recv()
+            assert error["code"] == "bad_frame" and error["message_id"] == "bad"
+        async with client(address) as d:
+            history = (await d.hello(c.session_id))[1]["messages"]
+    assert str(fake_openai.requests[-1].json["messages"]).count("the question") == 1
+    first = [m for m in history if m.get("turn_id") == failed["turn_id"]]
+    assert first and all(m["excluded"] == "replaced by a retry" for m in first)

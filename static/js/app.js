@@ -39,12 +39,14 @@ const connection = new Connection({
 });
 connection.sessionId = sessions.currentId;
 
-function sendMessage(content, images) {
+function sendMessage(content, images, retryOf = null) {
   const id = uuid();
   const frame = { type: "message", id, content };
+  if (retryOf) frame.retry_of = retryOf;
   if (images.length) frame.images = images.map(({ media_type, data }) => ({ media_type, data }));
   if (!connection.send(frame)) return false;
   lastSent = { content, images };
+  if (retryOf) conversation.setAside(retryOf);
   // `/model` is a command the server answers with a context or error frame, not a turn.
   if (/^\/model(\s|$)/.test(content)) conversation.addCommand(content);
   else conversation.addPendingUser(id, content, images.map((i) => i.dataUrl));
@@ -81,7 +83,9 @@ const handlers = {
   },
   aborted: (f) => conversation.aborted(f),
   error(f) {
-    const retry = lastSent && composer.connected ? () => sendMessage(lastSent.content, lastSent.images) : null;
+    // A failed turn is retried in its place (retry_of); a refused message is simply sent again.
+    const again = lastSent && composer.connected;
+    const retry = again ? () => sendMessage(lastSent.content, lastSent.images, f.turn_id || null) : null;
     conversation.error(f, retry);
   },
   title(f) {

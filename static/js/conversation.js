@@ -245,6 +245,14 @@ export class Conversation {
     } else this.append(notice);
   }
 
+  setAside(turnId) {
+    // A retried turn stays on the page, greyed: the server no longer sends it to the model.
+    for (const node of this.root.querySelectorAll(`[data-turn-id="${CSS.escape(turnId)}"]`)) {
+      node.dataset.excluded = "replaced by a retry";
+      node.title = "Replaced by a retry: no longer sent to the model";
+    }
+  }
+
   oldestSentTurns(count, skip) {
     const order = [];
     for (const node of this.root.querySelectorAll("[data-turn-id]")) {
