@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from server.errors import CapacityExceeded, ContextOverflow, HistoryUnfit, MeterchatError, error_frame
@@ -165,6 +166,8 @@ class Turn:
                 result = await self.call(final)
             except ContextOverflow as overflow:
                 await self.recover(overflow)
+                if final:  # the final answer is still owed: retry it (each recovery drops a turn)
+                    iteration -= 1
                 continue
             if not result.tool_calls or final:
                 return
@@ -194,8 +197,9 @@ class Turn:
                                   self.runtime.max_output_tokens)
         result = CallResult()
         self.start_reply()
-        async for event in provider.stream(request):
-            await self.on_event(event, result)
+        async with aclosing(provider.stream(request)) as events:  # closed at once on stop
+            async for event in events:
+                await self.on_event(event, result)
         if result.usage is not None:
             await self.account(result.usage, reading)
         return result

@@ -197,3 +197,17 @@ async def test_retry_of_replaces_the_failed_turn(tmp_path, fake_openai):
     assert str(fake_openai.requests[-1].json["messages"]).count("the question") == 1
     first = [m for m in history if m.get("turn_id") == failed["turn_id"]]
     assert first and all(m["excluded"] == "replaced by a retry" for m in first)
+
+
+async def test_overflow_on_the_final_call_still_gets_a_final_answer(tmp_path, fake_openai):
+    with serve(settings(tmp_path, "openai", fake_openai, {"max_tool_iterations": 1})) as address:
+        async with client(address) as c:
+            await c.hello()
+            for n in range(3):
+                await c.say(f"turn {n} " + "words " * 200)
+            fake_openai.enqueue(Reply(tool_calls=[Call("lookup_document", {"title": "paper moon"})]),
+                                FakeOpenAI.overflow(flavor="openai"))
+            frames = await c.say("one more")
+    assert of_type(frames, "history_trimmed")[0]["reason"] == "overflow_recovery"
+    assert frames[-1]["type"] == "done" and frames[-1]["full_response"].startswith("echo:")
+    assert "tools" not in fake_openai.requests[-1].json
