@@ -1,15 +1,18 @@
-"""Server overhead per streamed turn: meterchat between a fake OpenAI-style provider and a WebSocket
-client, against the bare stack (the same fake streamed straight to an httpx client) in the same run.
+"""Server overhead per streamed turn, each part in its own process as a user runs it: a fake
+OpenAI-style provider, the meterchat server (``python -m server``) and the client (this script).
 
-    python bench/stream.py [--turns 40] [--chunks 200]
+    python bench/stream.py [--turns 60] [--chunks 200] [--coalesce-ms 0]
 
-Prints p50/p90 milliseconds per turn for both paths, the overhead, and the ratio. Nothing asserted.
+Baseline, measured in the same run: the same fake streamed straight to an httpx client (the bare
+stack). Prints p50/p90 milliseconds per turn for both paths, the overhead per turn and per chunk,
+and the ratio. Nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -18,60 +21,105 @@ from pathlib import Path
 import anyio
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
-from tests.fakes import FakeOpenAI, Reply  # noqa: E402
-from tests.fakes.base import running  # noqa: E402
-from tests.support import client, serve, settings_for  # noqa: E402
-
-
-async def bare_turn(http: httpx.AsyncClient, url: str) -> float:
-    start = time.perf_counter()
-    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-    async with http.stream("POST", url + "/chat/completions", json=body) as response:
-        async for _ in response.aiter_lines():
-            pass
-    return time.perf_counter() - start
+from tests.browser_support import free_port  # noqa: E402
+from tests.support import client  # noqa: E402
 
 
-async def served_turn(c, n: int) -> float:
-    start = time.perf_counter()
-    frames = await c.say(f"turn {n}")
-    assert frames[-1]["type"] == "done", frames[-1]
-    return time.perf_counter() - start
+def serve_fake(port: int, chunks: int) -> None:
+    """Child process: the fake provider, answering every chat with ``chunks`` pieces."""
+    import uvicorn
 
+    from tests.fakes import FakeOpenAI, Reply
 
-def summary(name: str, seconds: list[float]) -> tuple[float, float]:
-    ms = sorted(s * 1000 for s in seconds)
-    p50, p90 = statistics.median(ms), ms[int(len(ms) * 0.9) - 1]
-    print(f"{name:<34} p50 {p50:8.2f} ms   p90 {p90:8.2f} ms")
-    return p50, p90
-
-
-async def main(turns: int, chunks: int) -> None:
     fake = FakeOpenAI()
     pieces = [f"w{i} " for i in range(chunks)]
     fake.default = lambda body: Reply(text=pieces, usage=(100, chunks))
-    with running(fake, "/v1"), tempfile.TemporaryDirectory() as tmp:
-        async with httpx.AsyncClient(timeout=30) as http:
-            bare = [await bare_turn(http, fake.base_url) for _ in range(turns)]
-        data = {"providers": {"p": {"kind": "openai", "base_url": fake.base_url, "model": "m",
-                                    "context_window": 10_000_000, "tools": False}},
-                "runtime": {"max_history_messages": 20}}
-        with serve(settings_for(Path(tmp), data)) as address:
-            async with client(address) as c:
+    uvicorn.run(fake.app(), host="127.0.0.1", port=port, log_level="warning")
+
+
+def start(args: list[str], url: str) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen([sys.executable, *args], cwd=ROOT, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=1)
+            return process
+        except httpx.TransportError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"{args} did not start")
+
+
+async def bare_turn(http: httpx.AsyncClient, url: str) -> float:
+    start_at = time.perf_counter()
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    async with http.stream("POST", url + "/v1/chat/completions", json=body) as response:
+        async for _ in response.aiter_lines():
+            pass
+    return time.perf_counter() - start_at
+
+
+async def served_turn(c, n: int) -> float:
+    start_at = time.perf_counter()
+    frames = await c.say(f"turn {n}")
+    assert frames[-1]["type"] == "done", frames[-1]
+    return time.perf_counter() - start_at
+
+
+def summary(name: str, seconds: list[float]) -> float:
+    ms = sorted(s * 1000 for s in seconds)
+    p50, p90 = statistics.median(ms), ms[int(len(ms) * 0.9) - 1]
+    print(f"{name:<34} p50 {p50:8.2f} ms   p90 {p90:8.2f} ms")
+    return p50
+
+
+def config(folder: Path, fake: str, coalesce_ms: int) -> Path:
+    path = folder / "bench.toml"
+    path.write_text(f'[server]\ndata_dir = "{(folder / "data").as_posix()}"\ncoalesce_ms = {coalesce_ms}\n'
+                    f'[runtime]\nmax_history_messages = 20\n'
+                    f'[providers.p]\nkind = "openai"\nbase_url = "{fake}/v1"\nmodel = "m"\n'
+                    f'context_window = 1000000\ntools = false\n')
+    return path
+
+
+async def main(turns: int, chunks: int, coalesce_ms: int) -> None:
+    fake_port, port = free_port(), free_port()
+    fake = f"http://127.0.0.1:{fake_port}"
+    fake_args = [__file__, "--serve-fake", str(fake_port), "--chunks", str(chunks)]
+    processes = [start(fake_args, fake + "/v1/models")]
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = config(Path(tmp), fake, coalesce_ms)
+            processes.append(start(["-m", "server", "--config", str(path), "--port", str(port),
+                                    "--log-level", "warning"], f"http://127.0.0.1:{port}/healthz"))
+            async with httpx.AsyncClient(timeout=30) as http:
+                bare = [await bare_turn(http, fake) for _ in range(turns)]
+            async with client(f"127.0.0.1:{port}") as c:
                 await c.hello()
                 served = [await served_turn(c, n) for n in range(turns)]
-    print(f"{turns} turns, {chunks} chunks per reply, fake provider and server on 127.0.0.1")
-    b50, _ = summary("bare stack (fake -> httpx)", bare)
-    s50, _ = summary("meterchat (fake -> server -> ws)", served)
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait(10)
+    print(f"{turns} turns, {chunks} chunks per reply, coalesce_ms={coalesce_ms}; "
+          "three processes on 127.0.0.1")
+    b50 = summary("bare stack (fake -> httpx)", bare)
+    s50 = summary("meterchat (fake -> server -> ws)", served)
     print(f"overhead per turn p50: {s50 - b50:.2f} ms  ({(s50 - b50) / chunks * 1000:.1f} us per chunk)")
     print(f"ratio meterchat / bare: {s50 / b50:.2f}x")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--turns", type=int, default=40)
+    parser.add_argument("--turns", type=int, default=60)
     parser.add_argument("--chunks", type=int, default=200)
+    parser.add_argument("--coalesce-ms", type=int, default=0)
+    parser.add_argument("--serve-fake", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    anyio.run(main, args.turns, args.chunks)
+    if args.serve_fake:
+        serve_fake(args.serve_fake, args.chunks)
+    else:
+        anyio.run(main, args.turns, args.chunks, args.coalesce_ms)

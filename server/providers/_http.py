@@ -28,6 +28,7 @@ from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import anyio
 import httpx
 
 from server.config import ProviderProfile
@@ -206,6 +207,9 @@ async def get_json(client: httpx.AsyncClient, method: str, url: str, *,
         return None
 
 
+DRAIN_SECONDS = 2.0
+
+
 class HttpProvider:
     """What the three HTTP dialects share: the client, URLs, and the loop that feeds decoded
     events through a dialect's stream state until it says the reply is complete."""
@@ -234,9 +238,16 @@ class HttpProvider:
                         for item in state.handle(event):
                             yield item
                         if state.done:
-                            return
+                            break
                 except ValueError as exc:
                     raise ProtocolError(f"{alias}: HTTP 200, then a part that is not JSON: {exc}") from exc
+                if state.done:
+                    # Read the body to its end so the pooled connection is kept for the next call;
+                    # a response left half-read costs a new TCP connection every turn.
+                    with anyio.move_on_after(DRAIN_SECONDS):
+                        async for _ in events:
+                            pass
+                    return
         raise stream_ended_early(alias)
 
     async def aclose(self) -> None:

@@ -73,6 +73,7 @@ class Recorded:
     path: str
     headers: dict[str, str]
     json: Any
+    peer: int | None = None  # the client's port: the same port means the connection was reused
 
 
 def words(text: str) -> list[str]:
@@ -161,7 +162,8 @@ class FakeProvider:
             body = json.loads(raw) if raw else None
         except ValueError:
             body = raw.decode("utf-8", errors="replace")
-        into.append(Recorded(request.method, request.url.path, dict(request.headers), body))
+        peer = request.client.port if request.client else None
+        into.append(Recorded(request.method, request.url.path, dict(request.headers), body, peer))
         return body
 
     async def chat(self, request: Request) -> Response:
