@@ -10,6 +10,7 @@ bearer token (``Authorization`` header or ``?token=``); ``/ws`` also checks the 
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hmac
 from collections.abc import AsyncIterator
@@ -44,12 +45,35 @@ PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-
                "frame-ancestors 'none'")
 
 
+SUBPROTOCOL = "meterchat.v1"
+BEARER_PREFIX = "bearer."
+
+
+def offered_subprotocols(conn: HTTPConnection) -> list[str]:
+    header = conn.headers.get("sec-websocket-protocol", "")
+    return [part.strip() for part in header.split(",") if part.strip()]
+
+
+def given_token(conn: HTTPConnection) -> str:
+    """The bearer token from the Authorization header, a ``bearer.<base64url>`` WebSocket subprotocol
+    (what a browser can send without putting the token in a URL that logs keep), or ``?token=``."""
+    header = conn.headers.get("authorization", "")
+    if header.lower().startswith("bearer "):
+        return header[7:]
+    for offered in offered_subprotocols(conn):
+        if offered.startswith(BEARER_PREFIX):
+            encoded = offered[len(BEARER_PREFIX):]
+            try:
+                return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+            except (ValueError, UnicodeDecodeError):
+                return ""
+    return conn.query_params.get("token", "")
+
+
 def authorized(conn: HTTPConnection, token: str) -> bool:
     if not token:
         return True
-    header = conn.headers.get("authorization", "")
-    given = header[7:] if header.lower().startswith("bearer ") else conn.query_params.get("token", "")
-    return hmac.compare_digest(given.encode(), token.encode())
+    return hmac.compare_digest(given_token(conn).encode(), token.encode())
 
 
 def origin_allowed(conn: HTTPConnection, allowed: list[str]) -> bool:
@@ -97,7 +121,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 not origin_allowed(websocket, settings.server.allowed_origins):
             await websocket.close(code=1008, reason="unauthorized")
             return
-        await websocket.accept()
+        offered = offered_subprotocols(websocket)
+        await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         await Connection(websocket, hub()).run()
 
     async def events(request: Request) -> Response:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -84,3 +85,15 @@ def test_bad_config_stops_startup_naming_the_key(tmp_path):
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert "runtime.max_context_tokenz: unknown setting" in result.stderr
+
+
+async def test_socket_token_as_a_subprotocol_keeps_it_out_of_the_url(tmp_path):
+    token = "s3cret/with+odd=chars"
+    encoded = base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
+    with serve(settings_for(tmp_path, auth_token=token)) as address:
+        async with client(address, subprotocols=["meterchat.v1", f"bearer.{encoded}"]) as c:
+            assert c.ws.subprotocol == "meterchat.v1"
+            assert (await c.hello())[0]["type"] == "session"
+        with pytest.raises((ConnectionClosed, InvalidStatus)):
+            async with client(address, subprotocols=["meterchat.v1", "bearer.d3Jvbmc"]) as c:
+                await c.hello()

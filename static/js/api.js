@@ -25,9 +25,17 @@ export function setToken(token) {
 export function socketUrl() {
   const url = new URL("/ws", location.href);
   url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
-  const token = getToken();
-  if (token) url.searchParams.set("token", token);
   return url.toString();
+}
+
+// The token travels as a WebSocket subprotocol, never in the URL (which server logs keep).
+export function socketProtocols() {
+  const token = getToken();
+  if (!token) return ["meterchat.v1"];
+  const bytes = new TextEncoder().encode(token);
+  const base64 = btoa(String.fromCharCode(...bytes));
+  const encoded = base64.replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+  return ["meterchat.v1", `bearer.${encoded}`];
 }
 
 export async function api(path, { method = "GET", body, raw = false } = {}) {

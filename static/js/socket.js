@@ -6,6 +6,8 @@
 // counter restarted lower (a server restart, or a resume it could not replay). `error` frames are
 // never dropped (see receive).
 
+import { socketProtocols } from "./api.js";
+
 const BACKOFF_MS = [250, 500, 1000, 2000, 4000, 8000];
 
 export class Connection {
@@ -31,7 +33,7 @@ export class Connection {
   connect() {
     clearTimeout(this.timer);
     this.onStatus("connecting");
-    const ws = new WebSocket(this.url);
+    const ws = new WebSocket(this.url, socketProtocols());
     this.ws = ws;
     ws.addEventListener("open", () => {
       const hello = { type: "hello" };
