@@ -44,6 +44,7 @@ SERVER_FRAMES: dict[str, tuple[str, ...]] = {
     "aborted": ("turn_id",),
     "error": ("code", "message", "retryable", "turn_id?", "message_id?", "retry_after?"),
     "title": ("title",),
+    "notice": ("code", "message", "turn_id?"),
 }
 
 CONTEXT_REASONS = ("hello", "switch", "hint", "send", "trim", "usage", "done", "restore")

@@ -40,6 +40,8 @@ from server.tools import run_tool, tool_specs
 
 log = logging.getLogger(__name__)
 
+TRUNCATION_RATIO = 0.6  # a prompt count below 60% of the (calibrated) estimate means a cut
+TRUNCATION_MIN_TOKENS = 512
 FINAL_ANSWER_PROMPT = (
     "[Tool limit reached] Answer the user now from what you have; no more tool calls are possible."
 )
@@ -221,7 +223,14 @@ class Turn:
             result.finish = event.reason
 
     async def account(self, usage: Usage, reading: Reading) -> None:
-        self.rt.resolver.calibration.observe(self.route, reading.estimate, usage.input_tokens)
+        if self.silently_truncated(usage, reading):
+            self.emit("notice", code="provider_truncated", turn_id=self.turn_id, message=(
+                f"{self.route.name} read only {usage.input_tokens:,} prompt tokens where about "
+                f"{self.rt.resolver.calibration.apply(self.route, reading.estimate):,} were sent: it "
+                f"probably cut the start of the conversation to fit its context (num_ctx). Set num_ctx "
+                f"or context_window for this provider so meterchat trims whole turns instead."))
+        else:  # a truncated count says nothing about the tokenizer: keep it out of the calibration
+            self.rt.resolver.calibration.observe(self.route, reading.estimate, usage.input_tokens)
         cost = self.rt.resolver.cost(self.route, usage.input_tokens, usage.output_tokens)
         totals = self.totals
         totals.input_tokens += usage.input_tokens
@@ -233,6 +242,14 @@ class Turn:
             self.turn_id, self.route.provider, self.route.model, self.route.kind, usage.input_tokens,
             usage.output_tokens, "provider", cost))
         await self.emit_context("usage", reading, reported=usage.input_tokens)
+
+    def silently_truncated(self, usage: Usage, reading: Reading) -> bool:
+        """Ollama answers an over-long prompt with HTTP 200 after dropping its start; the only
+        trace is a prompt count far below what was sent."""
+        if self.rt.settings.providers[self.route.provider].kind != "ollama":
+            return False
+        expected = self.rt.resolver.calibration.apply(self.route, reading.estimate)
+        return expected >= TRUNCATION_MIN_TOKENS and usage.input_tokens < expected * TRUNCATION_RATIO
 
     # --- the reply message --------------------------------------------------------------------
 

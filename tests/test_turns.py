@@ -211,3 +211,16 @@ async def test_overflow_on_the_final_call_still_gets_a_final_answer(tmp_path, fa
     assert of_type(frames, "history_trimmed")[0]["reason"] == "overflow_recovery"
     assert frames[-1]["type"] == "done" and frames[-1]["full_response"].startswith("echo:")
     assert "tools" not in fake_openai.requests[-1].json
+
+
+async def test_ollama_silent_truncation_is_noticed(tmp_path, fake_ollama):
+    fake_ollama.enqueue(Reply(text=["fine"], usage=(1000, 2)), Reply(text=["sure"], usage=(300, 2)))
+    with serve(settings(tmp_path, "ollama", fake_ollama)) as address:
+        async with client(address) as c:
+            await c.hello()
+            first = await c.say("a " * 3000)
+            second = await c.say("b " * 1000)
+    assert not of_type(first, "notice")
+    notice, = of_type(second, "notice")
+    assert notice["code"] == "provider_truncated" and "num_ctx" in notice["message"]
+    assert second[-1]["type"] == "done"

@@ -88,6 +88,7 @@ const handlers = {
     const retry = again ? () => sendMessage(lastSent.content, lastSent.images, f.turn_id || null) : null;
     conversation.error(f, retry);
   },
+  notice: (f) => conversation.notice(f),
   title(f) {
     setTitle(f.title);
     sessions.refresh();

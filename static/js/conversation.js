@@ -206,6 +206,14 @@ export class Conversation {
     if (frame.turn_id) this.finishTurn(frame.turn_id);
   }
 
+  notice(frame) {
+    // Not an error: the turn goes on; the reader should know what the provider did.
+    const box = notice("trim", frame.message);
+    box.dataset.testid = "notice";
+    box.dataset.code = frame.code;
+    this.append(box);
+  }
+
   finishTurn(turnId) {
     if (this.pendingTurn === turnId) this.pendingTurn = null;
     // The next provider call of a later turn starts a fresh element.
