@@ -21,12 +21,12 @@ import anyio
 from server.errors import BadFrame, Busy, ImageRejected, UnknownRoute
 from server.history import ChatMessage, Image
 from server.history_trim import sweep_orphans
-from server.live import LiveSession, TurnHandle, dropped_ids, new_session_id
+from server.live import LiveSession, TurnHandle, new_session_id
 from server.meter import context_body, read_history
-from server.protocol import ImagePayload, server_frame
+from server.protocol import PROTOCOL_VERSION, ImagePayload, server_frame
 from server.routing import Route
 from server.runtime import Runtime
-from server.session import Turn, tools_for
+from server.session import Turn, record_trim, tools_for
 
 log = logging.getLogger(__name__)
 
@@ -149,22 +149,17 @@ class SessionHub:
         """Announce the restore trim (once) and send the meter for the session's route."""
         if live.id in self._pending_restore:
             self._pending_restore.discard(live.id)
-            result = live.ledger.trim_turn_count(self.rt.settings.runtime.turn_limit)
-            dropped = [m for m in result.dropped if not m.breadcrumb]
-            if dropped:
-                for message in dropped:
-                    message.trimmed = True
-                await self.rt.store.save_messages(live.id, dropped)
-                live.emit(server_frame("history_trimmed", **{**result.frame_fields(),
-                          "dropped_messages": len(dropped)}, **dropped_ids(dropped)))
+            report = live.ledger.trim_turn_count(self.rt.settings.runtime.turn_limit)
+            if await record_trim(self.rt, live, report):
                 await self.emit_context(live, live.route, "restore")
                 return
         await self.emit_context(live, live.route, "hello")
 
     def snapshot(self, live: LiveSession, resumed: bool, seq: int) -> dict[str, Any]:
-        return {**server_frame("session", session_id=live.id, resumed=resumed,
-                               message_count=len(live.transcript), route=live.route.name,
-                               routes=self.rt.resolver.routes(), title=live.title, protocol=1), "seq": seq}
+        frame = server_frame("session", session_id=live.id, resumed=resumed,
+                             message_count=len(live.transcript), route=live.route.name,
+                             routes=self.rt.resolver.routes(), title=live.title, protocol=PROTOCOL_VERSION)
+        return {**frame, "seq": seq}
 
     def history(self, live: LiveSession) -> dict[str, Any]:
         live.sync_streaming()

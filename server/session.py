@@ -53,6 +53,21 @@ def tools_for(rt: Runtime, route: Route, final: bool = False) -> list[ToolSpec]:
     return [] if final or not profile.tools else tool_specs()
 
 
+async def record_trim(rt: Runtime, live: LiveSession, report: TrimReport,
+                      turn_id: str | None = None) -> bool:
+    """Mark what a trim dropped (kept in the transcript, no longer sent), store the marks and tell
+    every client and observer with a ``history_trimmed`` frame. False when nothing was dropped."""
+    dropped = [m for m in report.dropped if not m.breadcrumb]
+    if not dropped:
+        return False
+    for message in dropped:
+        message.trimmed = True
+    await rt.store.save_messages(live.id, dropped)
+    fields = {**report.frame_fields(), "dropped_messages": len(dropped)}
+    live.emit(server_frame("history_trimmed", **fields, **dropped_ids(dropped), turn_id=turn_id))
+    return True
+
+
 @dataclass
 class CallResult:
     text: str = ""
@@ -103,15 +118,8 @@ class Turn:
     # --- trimming -----------------------------------------------------------------------------
 
     async def apply_trim(self, result: TrimReport) -> None:
-        dropped = [m for m in result.dropped if not m.breadcrumb]
-        if not dropped:
-            return
-        for message in dropped:
-            message.trimmed = True
-        await self.rt.store.save_messages(self.live.id, dropped)
-        fields = {**result.frame_fields(), "dropped_messages": len(dropped)}
-        self.emit("history_trimmed", **fields, **dropped_ids(dropped), turn_id=self.turn_id)
-        await self.emit_context("trim")
+        if await record_trim(self.rt, self.live, result, self.turn_id):
+            await self.emit_context("trim")
 
     async def proactive_trims(self, budget: int) -> None:
         await self.apply_trim(self.live.ledger.trim_turn_count(self.runtime.turn_limit))
