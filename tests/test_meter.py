@@ -125,3 +125,25 @@ async def test_calibration_brings_the_estimate_near_the_provider_count(tmp_path,
                 reported = [f for f in contexts if f["reason"] == "usage"][-1]["estimated_tokens"]
                 errors.append(abs(sent - reported) / reported)
     assert errors[0] > 0.2 and errors[2] < 0.10
+
+
+async def test_window_discovered_from_ollama_show_uses_the_effective_num_ctx(tmp_path, fake_ollama):
+    fake_ollama.models = {"llama3": {"context_length": 131072, "num_ctx": 8192, "arch": "llama"}}
+    data = {"providers": {"local": {"kind": "ollama", "base_url": fake_ollama.base_url, "model": "llama3"}}}
+    with serve(settings_for(tmp_path, data)) as address:
+        async with client(address) as c:
+            context = (await c.hello())[-1]
+    assert context["model_context_window"] == 8192 and context["window_source"] == "provider"
+
+
+async def test_window_discovered_from_openrouter_context_length(tmp_path, fake_openai):
+    fake_openai.models = {"meta/llama-3-8b": {"context_length": 8000}}
+    data = {"providers": {"or": {"kind": "openai", "base_url": fake_openai.base_url,
+                                 "model": "meta/llama-3-8b"}}}
+    with serve(settings_for(tmp_path, data)) as address:
+        async with client(address) as c:
+            context = (await c.hello())[-1]
+            await c.send("switch_model", route="or/meta/unlisted")
+            other = (await c.until("context"))[-1]
+    assert context["model_context_window"] == 8000 and context["window_source"] == "provider"
+    assert "model_context_window" not in other

@@ -54,15 +54,19 @@ async def test_conversation_works_against_each_dialect(tmp_path, fakes, kind):
     assert "first question" in texts and "Héllo wörld ✓" in texts and "second question" in texts
 
 
-@pytest.mark.parametrize("kind", DIALECTS)
-async def test_overflow_error_trims_and_retries_smaller(tmp_path, fakes, kind):
+OVERFLOWS = [("openai", "openai"), ("openai", "vllm_old"), ("openai", "vllm_new"), ("openai", "llamacpp"),
+             ("openai", "llamacpp_500"), ("anthropic", None), ("ollama", None)]
+
+
+@pytest.mark.parametrize("kind, flavor", OVERFLOWS)
+async def test_overflow_error_trims_and_retries_smaller(tmp_path, fakes, kind, flavor):
     fake = fakes[kind]
     with serve(settings(tmp_path, kind, fake)) as address:
         async with client(address) as c:
             await c.hello()
             for n in range(4):
                 await c.say(f"turn {n} " + "words " * 200)
-            fake.enqueue(overflow(kind))
+            fake.enqueue(FakeOpenAI.overflow(flavor=flavor) if flavor else overflow(kind))
             frames = await c.say("the last straw")
     trimmed, = of_type(frames, "history_trimmed")
     assert trimmed["reason"] == "overflow_recovery" and trimmed["dropped_turns"] >= 1
