@@ -222,6 +222,11 @@ def _read_table(prefix: str, table: Mapping[str, Any], schema: tuple[Setting, ..
     return values
 
 
+def _type_name(setting: Setting) -> str:
+    kind = setting.type
+    return kind.__name__ if isinstance(kind, type) else " or ".join(t.__name__ for t in kind)
+
+
 def _env_value(raw: str, setting: Setting, name: str) -> Any:
     try:
         if setting.type is bool:
@@ -235,7 +240,7 @@ def _env_value(raw: str, setting: Setting, name: str) -> Any:
         if setting.type is list:
             return [part.strip() for part in raw.split(",") if part.strip()]
     except ValueError as exc:
-        raise ConfigError(f"{name}: cannot read {raw!r} as {setting.type.__name__}") from exc
+        raise ConfigError(f"{name}: cannot read {raw!r} as {_type_name(setting)}") from exc
     return raw
 
 

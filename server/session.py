@@ -261,10 +261,11 @@ class Turn:
 
     # --- the reply message --------------------------------------------------------------------
 
-    def start_reply(self) -> None:
+    def start_reply(self) -> ChatMessage:
         if self.reply is None:
             self.reply = ChatMessage("assistant", "", turn_id=self.turn_id, interrupted=True)
             self.live.streaming = (self.reply, self.reply_parts)
+        return self.reply
 
     def sync_reply(self) -> None:
         if self.reply is not None:
@@ -302,11 +303,7 @@ class Turn:
         await self.close_reply()
 
     async def run_tools(self, calls: list[ToolCall]) -> None:
-        if self.reply is not None:
-            self.reply.interrupted = False
-        else:
-            self.start_reply()
-            self.reply.interrupted = False  # type: ignore[union-attr]
+        self.start_reply().interrupted = False  # a reply that asks for tools is complete
         await self.close_reply(calls)
         results = []
         for call in calls:

@@ -199,7 +199,8 @@ class SqliteStore:
                 (session_id,))]
         finally:
             self._conn.execute("COMMIT")
-        return StoredSession(*head, messages=messages, calls=calls)
+        session_id, title, route, created_at, updated_at = head
+        return StoredSession(session_id, title, route, created_at, updated_at, messages, calls)
 
     async def get_summary(self, session_id: str) -> SessionSummary | None:
         row = await self._call(self._query_one, _SUMMARY + " WHERE s.id = ?", (session_id,))

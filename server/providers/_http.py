@@ -23,7 +23,7 @@ import email.utils
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -229,7 +229,8 @@ class HttpProvider:
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     async def _run(self, path: str, body: Mapping[str, Any], state: StreamState,
-                   decode: Callable[[AsyncIterator[bytes]], AsyncIterator[Any]]) -> AsyncIterator[Any]:
+                   decode: Callable[[AsyncIterator[bytes]], AsyncGenerator[Any, None]]
+                   ) -> AsyncGenerator[Any, None]:
         alias = self.profile.alias
         async with open_stream(self._client, alias, self._url(path), body, self._headers()) as response:
             async with aclosing(decode(response.aiter_bytes())) as events:

@@ -15,7 +15,7 @@ complete, then one Usage and Finish at ``message_stop``. No window discovery (No
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,7 +187,7 @@ class AnthropicProvider(_http.HttpProvider):
             headers["x-api-key"] = self.profile.api_key
         return headers
 
-    def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:
+    def stream(self, request: ProviderRequest) -> AsyncGenerator[StreamEvent, None]:
         return self._run("/v1/messages", request_body(request), _StreamState(self.profile.alias), aiter_sse)
 
     async def context_window(self, model: str) -> WindowInfo | None:

@@ -8,7 +8,7 @@ metadata for a model's capacity (None when the dialect cannot say).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -76,7 +76,7 @@ class WindowInfo:
 class Provider(Protocol):
     kind: str
 
-    def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]: ...
+    def stream(self, request: ProviderRequest) -> AsyncGenerator[StreamEvent, None]: ...
 
     async def context_window(self, model: str) -> WindowInfo | None: ...
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 import anyio
 
@@ -75,7 +75,7 @@ class DemoProvider:
     async def aclose(self) -> None:
         return None
 
-    async def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:
+    async def stream(self, request: ProviderRequest) -> AsyncGenerator[StreamEvent, None]:
         if request.model not in DEMO_WINDOWS:
             raise ProtocolError(f"demo: unknown model {request.model!r}; "
                                 f"try {', '.join(DEMO_WINDOWS)}", status=404)
@@ -88,7 +88,7 @@ class DemoProvider:
         async for event in self._reply(request, prompt):
             yield event
 
-    async def _reply(self, request: ProviderRequest, prompt: int) -> AsyncIterator[StreamEvent]:
+    async def _reply(self, request: ProviderRequest, prompt: int) -> AsyncGenerator[StreamEvent, None]:
         messages = list(request.messages)
         last = messages[-1] if messages else ChatMessage("user", "")
         text = last.content
@@ -110,7 +110,7 @@ class DemoProvider:
         yield Finish("stop", model=request.model)
 
     async def _call_tool(self, request: ProviderRequest, text: str, prompt: int
-                         ) -> AsyncIterator[StreamEvent]:
+                         ) -> AsyncGenerator[StreamEvent, None]:
         title = _guess_title(text)
         yield ThinkingDelta(f"The user wants a document; calling lookup_document for {title!r}.")
         await self._pause()

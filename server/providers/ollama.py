@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,7 +140,7 @@ class _StreamState:
 class OllamaProvider(_http.HttpProvider):
     kind = "ollama"  # the key, if any, is for an Ollama behind an authenticating proxy
 
-    def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:
+    def stream(self, request: ProviderRequest) -> AsyncGenerator[StreamEvent, None]:
         body = request_body(request, self.profile.num_ctx)
         return self._run("/api/chat", body, _StreamState(self.profile.alias), aiter_ndjson)
 

@@ -16,7 +16,7 @@ Window discovery: ``GET {base_url}/models``; vLLM cards carry ``max_model_len``,
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,7 +193,7 @@ class _StreamState:
 class OpenAIProvider(_http.HttpProvider):
     kind = "openai"
 
-    def stream(self, request: ProviderRequest) -> AsyncIterator[StreamEvent]:
+    def stream(self, request: ProviderRequest) -> AsyncGenerator[StreamEvent, None]:
         return self._run("/chat/completions", request_body(request), _StreamState(self.profile.alias),
                          aiter_sse)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from collections.abc import AsyncIterable, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,7 +147,7 @@ def _parse(lines: list[str]) -> Iterator[Any]:
             yield json.loads(line)
 
 
-async def aiter_sse(chunks: AsyncIterable[bytes]) -> AsyncIterator[SSEEvent]:
+async def aiter_sse(chunks: AsyncIterable[bytes]) -> AsyncGenerator[SSEEvent, None]:
     """Events of a byte stream, including the one ``flush`` finds at its end."""
     decoder = SSEDecoder()
     async for chunk in chunks:
@@ -157,7 +157,7 @@ async def aiter_sse(chunks: AsyncIterable[bytes]) -> AsyncIterator[SSEEvent]:
         yield event
 
 
-async def aiter_ndjson(chunks: AsyncIterable[bytes]) -> AsyncIterator[Any]:
+async def aiter_ndjson(chunks: AsyncIterable[bytes]) -> AsyncGenerator[Any, None]:
     decoder = NDJSONDecoder()
     async for chunk in chunks:
         for value in decoder.feed(chunk):
