@@ -137,8 +137,10 @@ def create_app(settings: Settings | None = None) -> Starlette:
                              "default_route": settings.default_route})
 
     async def on_change(session_id: str, what: str) -> None:
-        if what in ("deleted", "renamed"):
-            hub().forget(session_id)
+        if what == "deleted":
+            hub().deleted(session_id)
+        elif what == "renamed":
+            await hub().renamed(session_id)
 
     app = Starlette(routes=[
         Route("/", page), Route("/s/{session_id}", page), Route("/healthz", healthz),

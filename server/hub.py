@@ -18,7 +18,7 @@ from typing import Any
 
 import anyio
 
-from server.errors import BadFrame, Busy, ImageRejected, UnknownRoute
+from server.errors import BadFrame, Busy, ImageRejected, UnknownRoute, UnknownSession, error_frame
 from server.history import ChatMessage, Image
 from server.history_trim import sweep_orphans
 from server.live import LiveSession, TurnHandle, new_session_id
@@ -170,10 +170,22 @@ class SessionHub:
         reading = await read_history(self.rt.resolver, route, live.ledger, tools_for(self.rt, route))
         live.emit(context_body(reading, live.ledger, reason, calibrations=self.rt.resolver.calibration))
 
-    def forget(self, session_id: str) -> None:
+    def deleted(self, session_id: str) -> None:
+        """The session was deleted through the API: stop its turn and tell its open tabs."""
         live = self.sessions.pop(session_id, None)
-        if live is not None and live.turn is not None:
+        if live is None:
+            return
+        if live.turn is not None:
             live.turn.cancel_scope.cancel()
+        live.emit(error_frame(UnknownSession("this session was deleted; start a new chat")))
+
+    async def renamed(self, session_id: str) -> None:
+        """The session was renamed through the API: its open tabs show the new title."""
+        live = self.sessions.get(session_id)
+        summary = await self.rt.store.get_summary(session_id) if live else None
+        if live is not None and summary is not None:
+            live.title = summary.title
+            live.emit(server_frame("title", title=summary.title))
 
     # --- requests -----------------------------------------------------------------------------
 

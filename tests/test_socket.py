@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import base64
 
+import httpx
 import pytest
 
 from tests.support import client, of_type, serve, settings_for, text_of
@@ -215,3 +216,22 @@ async def test_idle_sessions_leave_the_cache_and_come_back_from_the_store(tmp_pa
     assert frames[1]["type"] == "history"  # evicted: its log is gone, so a snapshot from the store
     assert frames[0]["seq"] > last[0]  # a new incarnation numbers above the old one
     assert [m["content"] for m in frames[1]["messages"]] == ["echo session 0", "session 0"]
+
+
+async def test_rename_through_the_api_reaches_open_tabs_without_stopping_the_turn(tmp_path):
+    with serve(settings_for(tmp_path, {"providers": {"demo": DEMO_SLOW}})) as address:
+        async with client(address) as c:
+            await c.hello()
+            await c.send("message", id="a", content="hello")
+            await c.until("chunk")
+            async with httpx.AsyncClient(base_url=f"http://{address}") as http:
+                renamed = await http.patch(f"/api/sessions/{c.session_id}", json={"title": "Renamed"})
+                assert renamed.status_code == 200
+                frames = await c.until("title")
+                assert frames[-1]["title"] == "Renamed"
+                rest = await c.until("done", "aborted", "error")
+                assert rest[-1]["type"] == "done"
+                deleted = await http.delete(f"/api/sessions/{c.session_id}")
+                assert deleted.status_code == 204
+                gone = await c.until("error")
+    assert gone[-1]["code"] == "unknown_session"
