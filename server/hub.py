@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TITLE = "New chat"
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 MODEL_COMMAND = "/model"
-MAX_CACHED_SESSIONS = 256
+MAX_CACHED_SESSIONS = 128  # with FRAME_LOG_BYTES, bounds the frame logs to about 256 MiB
 
 
 def message_view(message: ChatMessage) -> dict[str, Any]:

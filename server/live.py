@@ -20,7 +20,8 @@ from server.history import BREADCRUMB_TEXT, DEFAULT_IMAGE_TOKEN_COST, ChatMessag
 from server.ledger import HistoryLedger
 from server.routing import Route
 
-FRAME_LOG_SIZE = 20000
+FRAME_LOG_BYTES = 2 * 1024 * 1024  # per session: long enough to resume a long reply
+FRAME_OVERHEAD_BYTES = 320  # what a small frame dict costs in memory (measured: bench/memory.py)
 OUTBOX_LIMIT = 50000
 
 
@@ -44,6 +45,41 @@ class Outbox:
             self._ready = anyio.Event()
 
 
+def frame_bytes(frame: dict[str, Any]) -> int:
+    """A cheap stand-in for a frame's size: its texts plus a fixed overhead."""
+    size = FRAME_OVERHEAD_BYTES
+    for key in ("content", "output", "full_response", "message"):
+        value = frame.get(key)
+        if isinstance(value, str):
+            size += len(value)
+    return size
+
+
+class FrameLog:
+    """The most recent frames of a session, bounded by size, for replay to a reconnecting client."""
+
+    def __init__(self, limit_bytes: int = FRAME_LOG_BYTES) -> None:
+        self._frames: deque[tuple[dict[str, Any], int]] = deque()
+        self.limit_bytes = limit_bytes
+        self.bytes = 0
+
+    def append(self, frame: dict[str, Any]) -> None:
+        size = frame_bytes(frame)
+        self._frames.append((frame, size))
+        self.bytes += size
+        while self.bytes > self.limit_bytes and len(self._frames) > 1:
+            self.bytes -= self._frames.popleft()[1]
+
+    def after(self, last_seq: int) -> list[dict[str, Any]] | None:
+        """Frames after ``last_seq``, or None when the log no longer reaches back that far."""
+        if not self._frames or self._frames[0][0]["seq"] > last_seq + 1:
+            return None
+        return [frame for frame, _ in self._frames if frame["seq"] > last_seq]
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+
 @dataclass
 class TurnHandle:
     turn_id: str
@@ -59,7 +95,7 @@ class LiveSession:
         self.route = route
         self.transcript = transcript
         self.first_seq = self.seq = first_seq
-        self.log: deque[dict[str, Any]] = deque(maxlen=FRAME_LOG_SIZE)
+        self.log = FrameLog()
         self.outboxes: set[Outbox] = set()
         self.turn: TurnHandle | None = None
         self.breadcrumb = ChatMessage("user", BREADCRUMB_TEXT, breadcrumb=True, id="breadcrumb-" + session_id)
@@ -84,9 +120,7 @@ class LiveSession:
             return None  # a number from another incarnation of this session (or none at all)
         if last_seq == self.seq:
             return []
-        if not self.log or self.log[0]["seq"] > last_seq + 1:
-            return None
-        return [frame for frame in self.log if frame["seq"] > last_seq]
+        return self.log.after(last_seq)
 
     def _scan(self) -> list[ChatMessage]:
         """The sendable history read off the transcript: leading system messages, the breadcrumb
@@ -101,11 +135,12 @@ class LiveSession:
         while start < len(transcript) and transcript[start].is_hidden:
             start += 1
         self._hidden_prefix = start
-        body = [m for m in transcript[start:] if not m.is_hidden and not m.breadcrumb]
+        rest = transcript[start:]
+        body = [m for m in rest if not m.is_hidden and not m.breadcrumb]
+        left_out = start > end or any(m.is_hidden for m in rest)
         if self.streaming is not None and body and body[-1] is self.streaming[0]:
             body.pop()  # the reply being written joins the ledger when it is complete
         summarized = any(m.summary for m in body)
-        left_out = start > end or len(body) < len(transcript) - start
         crumb = [self.breadcrumb] if left_out and body and not summarized else []
         return system + crumb + body
 
