@@ -201,7 +201,7 @@ class SessionHub:
 
     async def submit(self, live: LiveSession, message_id: str, content: str,
                      payloads: list[ImagePayload], retry_of: str | None = None) -> None:
-        if any(m.id == message_id for m in live.transcript):
+        if message_id in live.client_ids:
             return  # a client resending after a reconnect: the message is already durable
         if content.strip().split(" ", 1)[0] == MODEL_COMMAND:
             await self.switch(live, content.strip()[len(MODEL_COMMAND):])
@@ -209,19 +209,30 @@ class SessionHub:
         if live.busy:
             raise Busy("a reply is still being written in this session; stop it or wait for it to finish")
         images = decode_images(payloads, self.rt.settings.runtime.max_image_bytes, message_id)
+        turn_id = uuid.uuid4().hex[:12]
+        # Claim the session before the first await: two tabs sending at once start one turn.
+        handle = live.turn = TurnHandle(turn_id, anyio.CancelScope())
+        try:
+            route, text = await self._accept(live, message_id, content, images, turn_id, retry_of)
+        except BaseException:
+            live.turn = None
+            raise
+        await self._maybe_title(live, text)
+        self.rt.task_group.start_soon(self._run_turn, live, Turn(self.rt, live, turn_id, route), handle)
+
+    async def _accept(self, live: LiveSession, message_id: str, content: str, images: list[Image],
+                      turn_id: str, retry_of: str | None) -> tuple[Route, str]:
+        """Store the user's message (durable before any provider call) and announce it."""
         if retry_of:
             await self._set_aside(live, retry_of)
         route, text = self.rt.resolver.for_message(live.route, content)
-        turn_id = uuid.uuid4().hex[:12]
         user = ChatMessage("user", text, images=images or None, turn_id=turn_id, id=message_id)
-        live.add(user)
         await self.rt.store.append_messages(live.id, [user])
+        live.add(user)
+        live.client_ids.add(message_id)
         live.emit(server_frame("accepted", id=message_id, turn_id=turn_id, content=text,
                                images=len(images) or None))
-        await self._maybe_title(live, text)
-        handle = TurnHandle(turn_id, anyio.CancelScope())
-        live.turn = handle
-        self.rt.task_group.start_soon(self._run_turn, live, Turn(self.rt, live, turn_id, route), handle)
+        return route, text
 
     async def _set_aside(self, live: LiveSession, turn_id: str) -> None:
         """A retry replaces the failed turn: it stays in the transcript, no longer sent."""

@@ -100,6 +100,7 @@ class LiveSession:
         self.turn: TurnHandle | None = None
         self.breadcrumb = ChatMessage("user", BREADCRUMB_TEXT, breadcrumb=True, id="breadcrumb-" + session_id)
         self.streaming: tuple[ChatMessage, list[str]] | None = None  # the reply being written
+        self.client_ids = {m.id for m in transcript if m.role == "user"}  # resends are ignored
         self.image_token_cost = image_token_cost
         self._bus = bus
         self._hidden_prefix = 0

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import asyncio
 import base64
+import uuid
 
 import httpx
 import pytest
@@ -235,3 +237,19 @@ async def test_rename_through_the_api_reaches_open_tabs_without_stopping_the_tur
                 assert deleted.status_code == 204
                 gone = await c.until("error")
     assert gone[-1]["code"] == "unknown_session"
+
+
+async def test_two_tabs_sending_at_once_start_exactly_one_turn(tmp_path):
+    with serve(settings_for(tmp_path, {"providers": {"demo": DEMO_SLOW}})) as address:
+        async with client(address) as a, client(address) as b:
+            await a.hello()
+            await b.hello(a.session_id)
+            for _ in range(3):
+                await asyncio.gather(a.send("message", id=uuid.uuid4().hex, content="from a"),
+                                     b.send("message", id=uuid.uuid4().hex, content="from b"))
+                await a.until("chunk")
+                await a.send("stop")
+                seen_a, seen_b = await a.until("aborted"), await b.until("aborted")
+                accepted = {f["id"] for f in of_type(seen_a + seen_b, "accepted")}
+                busy = [f for f in of_type(seen_a + seen_b, "error") if f["code"] == "busy"]
+                assert len(accepted) == 1 and len(busy) == 1
