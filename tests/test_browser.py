@@ -395,3 +395,20 @@ def test_model_markdown_cannot_load_remote_images(page: Page, base_url: str) -> 
     page.wait_for_function("(img) => img.complete", arg=image.element_handle())
     assert not [url for url in answered if "tracker=1" in url]
     assert any("CSP" in failure.upper() for failure in blocked), blocked
+
+
+def test_switching_to_a_smaller_model_shows_the_trim_before_sending(page: Page) -> None:
+    open_new_chat(page)
+    page.get_by_test_id("model-picker").select_option("demo/demo-open")
+    expect(page.get_by_test_id("meter-route")).to_have_text("demo/demo-open")
+    for title in ("paper moon", "seventh garden", "spark train"):
+        send_and_wait(page, f"look up {title}")
+    preview = page.get_by_test_id("trim-preview")
+    expect(preview).to_be_hidden()
+    page.get_by_test_id("model-picker").select_option("demo/demo-small")
+    expect(page.get_by_test_id("meter-window")).to_have_text("4,096")
+    expect(preview).to_be_visible()
+    expect(preview).to_contain_text(re.compile(r"trim \d+ turns?"))
+    send_and_wait(page, "and now?")
+    expect(page.get_by_test_id("trim-notice").last).to_be_visible()
+    expect(preview).to_be_hidden()
