@@ -14,6 +14,7 @@ import binascii
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -187,6 +188,16 @@ class SessionHub:
             live.title = summary.title
             live.emit(server_frame("title", title=summary.title))
 
+    def spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run ``fn`` in the app's task group; a failure is logged, never allowed to stop the server."""
+        async def guarded() -> None:
+            try:
+                await fn(*args)
+            except Exception:
+                log.exception("background task %s failed", getattr(fn, "__name__", fn))
+
+        self.rt.task_group.start_soon(guarded)
+
     # --- requests -----------------------------------------------------------------------------
 
     async def switch(self, live: LiveSession, route_text: str) -> None:
@@ -218,7 +229,7 @@ class SessionHub:
             live.turn = None
             raise
         await self._maybe_title(live, text)
-        self.rt.task_group.start_soon(self._run_turn, live, Turn(self.rt, live, turn_id, route), handle)
+        self.spawn(self._run_turn, live, Turn(self.rt, live, turn_id, route), handle)
 
     async def _accept(self, live: LiveSession, message_id: str, content: str, images: list[Image],
                       turn_id: str, retry_of: str | None) -> tuple[Route, str]:

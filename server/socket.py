@@ -140,7 +140,8 @@ class Connection:
         self.live = live
         self.state = ConnState.OPEN
         if replay is None:
-            await self.hub.after_hello(live)
+            # In the background: a window discovery on a slow provider must not hold the reader.
+            self.hub.spawn(self.hub.after_hello, live)
 
     async def write_loop(self) -> None:
         while True:
