@@ -253,3 +253,15 @@ async def test_two_tabs_sending_at_once_start_exactly_one_turn(tmp_path):
                 accepted = {f["id"] for f in of_type(seen_a + seen_b, "accepted")}
                 busy = [f for f in of_type(seen_a + seen_b, "error") if f["code"] == "busy"]
                 assert len(accepted) == 1 and len(busy) == 1
+
+
+async def test_binary_and_repeated_hello_frames_get_errors(address):
+    async with client(address) as c:
+        await c.hello()
+        await c.ws.send(b"\x00\x01binary")
+        error = await c.recv()
+        assert error["code"] == "bad_frame" and "binary" in error["message"]
+        await c.send("hello")
+        again = await c.recv()
+        assert again["code"] == "bad_frame" and "already said hello" in again["message"]
+        assert (await c.say("still fine"))[-1]["type"] == "done"
