@@ -14,6 +14,7 @@ import uvicorn
 
 from server.config import load_settings
 from server.errors import ConfigError
+from server.routing import RouteResolver
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         settings = load_settings(args.config)
+        RouteResolver(settings, {})  # model_routes and the default route resolve, or start-up stops
     except ConfigError as exc:
         print(f"meterchat: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc

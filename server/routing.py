@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -41,6 +42,7 @@ from server.providers.base import Provider
 log = logging.getLogger(__name__)
 
 ROUTE_KINDS = ("default", "hint", "switch", "fallback")
+UNKNOWN_RETRY_SECONDS = 60.0
 _HINT_PREFIX = re.compile(r"/hint[ \t]+(\S+)(?:[ \t]*\r?\n|[ \t]+|$)")
 
 
@@ -113,7 +115,7 @@ class RouteResolver:
         self.classifier = Classifier(settings.classifier_rules)
         self.calibration = Calibrations()
         self._hints = self._resolve_hints()
-        self._windows: dict[tuple[str, str], Capacity] = {}
+        self._windows: dict[tuple[str, str], tuple[Capacity, float]] = {}  # answer, retry-after
         self._locks: dict[tuple[str, str], anyio.Lock] = {}
 
     # -- route strings ---------------------------------------------------------------------
@@ -192,9 +194,11 @@ class RouteResolver:
         key = (route.provider, route.model)
         lock = self._locks.setdefault(key, anyio.Lock())
         async with lock:  # concurrent turns on one route ask the provider once
-            if key not in self._windows:
-                self._windows[key] = await self._discover(route)
-        return self._windows[key]
+            cached = self._windows.get(key)
+            if cached is None or (not cached[0].known and time.monotonic() >= cached[1]):
+                # A known window is kept; "unknown" is asked again later (the server may come up).
+                self._windows[key] = (await self._discover(route), time.monotonic() + UNKNOWN_RETRY_SECONDS)
+        return self._windows[key][0]
 
     async def _discover(self, route: Route) -> Capacity:
         provider = self.providers[route.provider]

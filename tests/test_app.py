@@ -97,3 +97,12 @@ async def test_socket_token_as_a_subprotocol_keeps_it_out_of_the_url(tmp_path):
         with pytest.raises((ConnectionClosed, InvalidStatus)):
             async with client(address, subprotocols=["meterchat.v1", "bearer.d3Jvbmc"]) as c:
                 await c.hello()
+
+
+def test_route_to_a_model_the_provider_lacks_stops_startup(tmp_path):
+    config = tmp_path / "bad-route.toml"
+    config.write_text('[[model_routes]]\nhint = "fast"\nprovider = "demo"\nmodel = "demo-huge"\n')
+    result = subprocess.run([sys.executable, "-m", "server", "--config", str(config)],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert "model_routes[0]: unknown model 'demo-huge'" in result.stderr

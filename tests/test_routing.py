@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import pytest
 
+from server import routing
 from server.budget import FALLBACK_WINDOW
 from server.config import RuntimeSettings, Settings, settings_from_mapping
 from server.errors import ConfigError, UnknownRoute
@@ -316,3 +318,18 @@ def test_cost_follows_hint_route_not_session() -> None:
     route, _ = resolver.for_message(session, "think deep")
     assert resolver.cost(session, 1000, 0) is None
     assert resolver.cost(route, 1000, 0) == pytest.approx(0.003)
+
+
+@pytest.mark.anyio
+async def test_capacity_unknown_answer_is_asked_again_after_a_while(monkeypatch) -> None:
+    provider = CountingProvider({})
+    resolver = make_resolver({"local": provider})
+    route = Route("local", "mistral")
+    assert (await resolver.capacity(route)).window is None
+    provider.windows["mistral"] = 16000
+    assert (await resolver.capacity(route)).window is None  # within the retry interval: cached
+    clock = time.monotonic() + routing.UNKNOWN_RETRY_SECONDS + 1
+    monkeypatch.setattr(routing.time, "monotonic", lambda: clock)
+    assert (await resolver.capacity(route)).window == 16000
+    monkeypatch.setattr(routing.time, "monotonic", lambda: clock + 10 * routing.UNKNOWN_RETRY_SECONDS)
+    assert (await resolver.capacity(route)).window == 16000 and provider.asked == ["mistral"] * 2
