@@ -68,7 +68,8 @@ export class Connection {
     }
     const seq = typeof frame.seq === "number" ? frame.seq : null;
     if (frame.type === "session") {
-      if (frame.session_id !== this.sessionId) this.lastSeq = 0;
+      // Its seq is the baseline: a replay follows it, or a history snapshot with the same seq.
+      this.lastSeq = seq ?? 0;
       this.sessionId = frame.session_id;
       this.attempt = 0;
       this.onStatus("online");
