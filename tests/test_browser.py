@@ -412,3 +412,14 @@ def test_switching_to_a_smaller_model_shows_the_trim_before_sending(page: Page) 
     send_and_wait(page, "and now?")
     expect(page.get_by_test_id("trim-notice").last).to_be_visible()
     expect(preview).to_be_hidden()
+
+
+def test_escape_in_the_message_box_stops_the_reply(browser: Browser, tmp_path: Path) -> None:
+    words = " ".join(f"w{i}" for i in range(200))
+    with running_server(write_config(tmp_path, delay_ms=40)) as base:
+        with opened_page(browser, base) as page:
+            open_new_chat(page)
+            send(page, f"echo {words}")
+            expect(page.locator('[data-state="streaming"] .msg-body')).to_contain_text("w2 ")
+            page.get_by_test_id("message-input").press("Escape")
+            expect(page.locator(ASSISTANT).last).to_have_attribute("data-state", "stopped")

@@ -25,6 +25,9 @@ export class Composer {
       if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
         event.preventDefault();
         this.submit(onSend);
+      } else if (event.key === "Escape" && this.streaming) {
+        event.preventDefault();
+        onStop();
       }
     });
     this.input.addEventListener("input", () => this.autosize());
