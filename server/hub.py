@@ -34,12 +34,24 @@ log = logging.getLogger(__name__)
 DEFAULT_TITLE = "New chat"
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 MODEL_COMMAND = "/model"
+HISTORY_TOOL_CHARS = 8000
 MAX_CACHED_SESSIONS = 128  # with FRAME_LOG_BYTES, bounds the frame logs to about 256 MiB
+
+
+def display_text(message: ChatMessage) -> str:
+    """A tool result as the ``history`` frame shows it: long outputs are clipped there (the store
+    and the exports keep them whole), so reopening a long session stays quick."""
+    text = message.content
+    if message.role != "tool" or len(text) <= HISTORY_TOOL_CHARS:
+        return text
+    hidden = len(text) - HISTORY_TOOL_CHARS
+    return f"{text[:HISTORY_TOOL_CHARS]}\n\n[... {hidden:,} more characters, in the session export ...]"
 
 
 def message_view(message: ChatMessage) -> dict[str, Any]:
     view: dict[str, Any] = {
-        "id": message.id, "role": message.role, "content": message.content, "trimmed": message.trimmed,
+        "id": message.id, "role": message.role, "content": display_text(message),
+        "trimmed": message.trimmed,
         "interrupted": message.interrupted, "summary": message.summary, "breadcrumb": message.breadcrumb,
     }
     if message.turn_id:

@@ -265,3 +265,28 @@ async def test_binary_and_repeated_hello_frames_get_errors(address):
         again = await c.recv()
         assert again["code"] == "bad_frame" and "already said hello" in again["message"]
         assert (await c.say("still fine"))[-1]["type"] == "done"
+
+
+async def test_history_clips_long_tool_results_but_the_export_keeps_them(address):
+    async with client(address) as c:
+        await c.hello()
+        frames = await c.say("look up the paper moon")
+        full = of_type(frames, "tool_result")[0]["output"]
+    async with client(address) as d:
+        history = (await d.hello(c.session_id))[1]["messages"]
+    tool, = [m for m in history if m["role"] == "tool"]
+    if len(full) <= 8000:
+        assert tool["content"] == full
+    async with httpx.AsyncClient(base_url=f"http://{address}") as http:
+        exported = (await http.get(f"/api/sessions/{c.session_id}/export?format=json")).json()
+    assert [m["content"] for m in exported["messages"] if m["role"] == "tool"] == [full]
+
+
+def test_history_view_clips_tool_text_over_the_limit():
+    from server.history import ChatMessage
+    from server.hub import HISTORY_TOOL_CHARS, display_text
+
+    long = ChatMessage("tool", "z" * (HISTORY_TOOL_CHARS + 500), tool_call_id="c1")
+    shown = display_text(long)
+    assert shown.startswith("z" * HISTORY_TOOL_CHARS) and "500 more characters" in shown
+    assert display_text(ChatMessage("assistant", "z" * 20000)) == "z" * 20000
