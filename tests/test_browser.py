@@ -210,14 +210,18 @@ def test_reload_during_a_slow_stream_ends_with_the_whole_reply(browser: Browser,
             expect(page.locator('[data-role="user"]')).to_have_count(1)
 
 
-def test_stop_keeps_the_partial_reply_and_marks_it(browser: Browser, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["button", "escape key"])
+def test_stop_keeps_the_partial_reply_and_marks_it(browser: Browser, tmp_path: Path, how: str) -> None:
     words = " ".join(f"w{i}" for i in range(200))
     with running_server(write_config(tmp_path, delay_ms=40)) as base:
         with opened_page(browser, base) as page:
             open_new_chat(page)
             send(page, f"echo {words}")
             expect(page.locator('[data-state="streaming"] .msg-body')).to_contain_text("w2 ")
-            page.get_by_test_id("stop").click()
+            if how == "button":
+                page.get_by_test_id("stop").click()
+            else:
+                page.get_by_test_id("message-input").press("Escape")
             reply = page.locator(ASSISTANT).last
             expect(reply).to_have_attribute("data-state", "stopped")
             expect(reply.locator(".msg-foot")).to_contain_text("stopped")
@@ -413,13 +417,3 @@ def test_switching_to_a_smaller_model_shows_the_trim_before_sending(page: Page) 
     expect(page.get_by_test_id("trim-notice").last).to_be_visible()
     expect(preview).to_be_hidden()
 
-
-def test_escape_in_the_message_box_stops_the_reply(browser: Browser, tmp_path: Path) -> None:
-    words = " ".join(f"w{i}" for i in range(200))
-    with running_server(write_config(tmp_path, delay_ms=40)) as base:
-        with opened_page(browser, base) as page:
-            open_new_chat(page)
-            send(page, f"echo {words}")
-            expect(page.locator('[data-state="streaming"] .msg-body')).to_contain_text("w2 ")
-            page.get_by_test_id("message-input").press("Escape")
-            expect(page.locator(ASSISTANT).last).to_have_attribute("data-state", "stopped")
