@@ -41,5 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     port = settings.server.port if args.port is None else args.port
     print(f"meterchat: serving on http://{host}:{port}/ ({settings.source}; default route "
           f"{settings.default_route})", file=sys.stderr, flush=True)
+    # No per-message deflate: chat frames are small and many, so compressing each costs more CPU
+    # than it saves on a local or LAN link.
     uvicorn.run(create_app(settings), host=host, port=port, log_level=args.log_level,
-                ws_max_size=16 * 1024 * 1024)
+                ws_max_size=16 * 1024 * 1024, ws_per_message_deflate=False)
