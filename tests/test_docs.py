@@ -4,6 +4,7 @@ docs/configuration.md, and nothing documented that the code does not have."""
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 from server.config import PROVIDER_SCHEMA, ROUTE_SCHEMA, RULE_SCHEMA, SCHEMA, env_name
@@ -64,3 +65,16 @@ def test_docs_configuration_names_every_environment_variable():
         for setting in settings:
             assert f"`{env_name(section, setting.name)}`" in text
     assert "METERCHAT_DATA_DIR" in text and "METERCHAT_DEFAULT_ROUTE" in text
+
+
+def test_docs_examples_are_valid_settings():
+    from server.config import settings_from_mapping
+    from server.routing import RouteResolver
+
+    readme = (DOCS.parent / "README.md").read_text()
+    configuration = (DOCS / "configuration.md").read_text()
+    examples = re.findall(r"```toml\n(.*?)```", readme + configuration, flags=re.S)
+    assert len(examples) >= 2
+    for example in examples:
+        settings = settings_from_mapping(tomllib.loads(example), env={})
+        RouteResolver(settings, {})  # routes resolve, as at start-up
