@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 
+from server.compaction import TRUNCATED
 from server.events import EventBus
 from server.history import BREADCRUMB_TEXT, DEFAULT_IMAGE_TOKEN_COST, ChatMessage
 from server.ledger import HistoryLedger
@@ -103,7 +104,6 @@ class LiveSession:
         self.client_ids = {m.id for m in transcript if m.role == "user"}  # resends are ignored
         self.image_token_cost = image_token_cost
         self._bus = bus
-        self._hidden_prefix = 0
         self.ledger = HistoryLedger(self._scan(), image_token_cost=image_token_cost)
 
     def emit(self, frame: dict[str, Any]) -> dict[str, Any]:
@@ -125,29 +125,25 @@ class LiveSession:
 
     def _scan(self) -> list[ChatMessage]:
         """The sendable history read off the transcript: leading system messages, the breadcrumb
-        when older turns were left out, then every message still visible, in transcript order.
-        Trims hide the oldest messages first, so the scan starts past the hidden prefix."""
+        when trimming or truncation left older turns out, then every message still visible, in
+        transcript order. Linear in the transcript: it runs on load and after compaction, a
+        set-aside or a retry, never per call (the ledger carries the history between those)."""
         transcript = self.transcript
         end = 0
         while end < len(transcript) and transcript[end].role == "system":
             end += 1
         system = [m for m in transcript[:end] if not m.is_hidden]
-        start = max(self._hidden_prefix, end)
-        while start < len(transcript) and transcript[start].is_hidden:
-            start += 1
-        self._hidden_prefix = start
-        rest = transcript[start:]
+        rest = transcript[end:]
         body = [m for m in rest if not m.is_hidden and not m.breadcrumb]
-        left_out = start > end or any(m.is_hidden for m in rest)
         if self.streaming is not None and body and body[-1] is self.streaming[0]:
             body.pop()  # the reply being written joins the ledger when it is complete
-        summarized = any(m.summary for m in body)
-        crumb = [self.breadcrumb] if left_out and body and not summarized else []
+        # Turns set aside (refused, retried, orphaned) are not "omitted to fit the window".
+        left_out = any(m.trimmed or m.excluded == TRUNCATED for m in rest)
+        crumb = [self.breadcrumb] if left_out and body and not any(m.summary for m in body) else []
         return system + crumb + body
 
     def rebuild(self) -> None:
         """Re-read the ledger after marks changed outside a trim (compaction, restore, set-aside)."""
-        self._hidden_prefix = 0
         self.ledger = HistoryLedger(self._scan(), image_token_cost=self.image_token_cost)
 
     def view(self) -> list[ChatMessage]:

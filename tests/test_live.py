@@ -53,3 +53,14 @@ def test_live_session_view_leaves_out_the_reply_being_written():
     live.streaming = None
     live.complete(reply, listed=True)
     assert live.view() == [user, reply] and live.transcript == [user, reply]
+
+
+def test_breadcrumb_only_for_turns_left_out_to_fit():
+    route = Route("demo", "demo-small", "default")
+    refused = ChatMessage("user", "too long", turn_id="t1", excluded="not sent: over the window")
+    kept = ChatMessage("user", "next", turn_id="t2")
+    live = LiveSession("s", "t", route, [refused, kept], EventBus())
+    assert live.view() == [kept]  # a set-aside turn is not "omitted to fit the context window"
+    trimmed = ChatMessage("user", "old", turn_id="t0", trimmed=True)
+    live = LiveSession("s", "t", route, [trimmed, kept], EventBus())
+    assert [m.breadcrumb for m in live.view()] == [True, False]
