@@ -149,7 +149,6 @@ def create_app(settings: Settings | None = None) -> Starlette:
         *api_routes(store, on_change=on_change),
     ], lifespan=lifespan)
     app.add_middleware(ApiAuth, token=settings.server.auth_token)
-    app.state.meterchat = state
     return app
 
 

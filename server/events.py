@@ -57,10 +57,6 @@ class EventBus:
     def unsubscribe(self, subscription: Subscription) -> None:
         self._subscribers.discard(subscription)
 
-    @property
-    def subscriber_count(self) -> int:
-        return len(self._subscribers)
-
 
 async def sse_stream(bus: EventBus, keepalive_seconds: float = 15.0) -> AsyncIterator[str]:
     subscription = bus.subscribe()

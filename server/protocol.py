@@ -48,8 +48,14 @@ SERVER_FRAMES: dict[str, tuple[str, ...]] = {
 }
 
 CONTEXT_REASONS = ("hello", "switch", "hint", "send", "trim", "usage", "done", "restore")
-ROUTE_KINDS = ("default", "hint", "switch", "fallback")
 TRIM_REASONS = ("token_budget", "turn_limit", "overflow_recovery", "compaction")
+NOTICE_CODES = ("provider_truncated", "reply_truncated")
+# Enumerated fields are checked when a frame is built: a new value must be added here (and in the doc).
+ENUMS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("context", "reason"): CONTEXT_REASONS,
+    ("history_trimmed", "reason"): TRIM_REASONS,
+    ("notice", "code"): NOTICE_CODES,
+}
 
 
 @dataclass(frozen=True)
@@ -143,4 +149,7 @@ def server_frame(kind: str, **fields: Any) -> dict[str, Any]:
     unknown = fields.keys() - required - optional
     if missing or unknown:
         raise ValueError(f"{kind} frame: missing {sorted(missing)}, unknown {sorted(unknown)}")
+    for (frame_kind, name), allowed in ENUMS.items():
+        if frame_kind == kind and fields[name] not in allowed:
+            raise ValueError(f"{kind}.{name}: {fields[name]!r} is not one of {', '.join(allowed)}")
     return {"type": kind, **fields}

@@ -212,6 +212,10 @@ class Turn:
                 await self.on_event(event, result)
         if result.usage is not None:
             await self.account(result.usage, reading)
+        if result.finish == "length":
+            self.emit("notice", code="reply_truncated", turn_id=self.turn_id, message=(
+                f"{self.route.name} stopped at its output limit (runtime.max_output_tokens = "
+                f"{self.runtime.max_output_tokens:,}); the reply is incomplete."))
         return result
 
     async def on_event(self, event: StreamEvent, result: CallResult) -> None:

@@ -78,3 +78,13 @@ def test_docs_examples_are_valid_settings():
     for example in examples:
         settings = settings_from_mapping(tomllib.loads(example), env={})
         RouteResolver(settings, {})  # routes resolve, as at start-up
+
+
+def test_docs_protocol_names_every_enumerated_value():
+    from server.protocol import ENUMS
+    from server.routing import ROUTE_KINDS
+
+    text = (DOCS / "protocol.md").read_text()
+    for values in [*ENUMS.values(), ROUTE_KINDS]:
+        for value in values:
+            assert f"`{value}`" in text, value

@@ -228,3 +228,14 @@ async def test_ollama_silent_truncation_is_noticed(tmp_path, fake_ollama):
     notice, = of_type(second, "notice")
     assert notice["code"] == "provider_truncated" and "num_ctx" in notice["message"]
     assert second[-1]["type"] == "done"
+
+
+async def test_reply_cut_at_the_output_limit_is_noticed(tmp_path, fake_anthropic):
+    fake_anthropic.enqueue(Reply(text=["half a sen"], finish="max_tokens"))
+    with serve(settings(tmp_path, "anthropic", fake_anthropic, {"max_output_tokens": 64})) as address:
+        async with client(address) as c:
+            await c.hello()
+            frames = await c.say("write a long essay")
+    notice, = of_type(frames, "notice")
+    assert notice["code"] == "reply_truncated" and "64" in notice["message"]
+    assert frames[-1]["type"] == "done" and frames[-1]["full_response"] == "half a sen"
