@@ -223,7 +223,10 @@ class Turn:
             result.text += event.text
             self.reply_parts.append(event.text)
             self.live.emit({"type": "chunk", "turn_id": self.turn_id, "content": event.text})
-            if time.monotonic() - self.last_flush >= self.flush_interval:
+            if not self.reply_listed:  # in the transcript at once (snapshots), in the store soon
+                self.live.add(self.start_reply(), sendable=False)
+                self.reply_listed, self.last_flush = True, time.monotonic()
+            elif time.monotonic() - self.last_flush >= self.flush_interval:
                 await self.maybe_flush()
         elif isinstance(event, ThinkingDelta):
             self.emit("thinking", turn_id=self.turn_id, content=event.text)
@@ -281,9 +284,6 @@ class Turn:
             return
         self.last_flush = now
         self.sync_reply()
-        if not self.reply_listed:
-            self.live.add(self.reply, sendable=False)
-            self.reply_listed = True
         await self.rt.store.save_messages(self.live.id, [self.reply])
 
     async def close_reply(self, tool_calls: Sequence[ToolCall] | None = None) -> None:

@@ -18,6 +18,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from server.app import create_app
 from server.config import settings_from_mapping
+from tests.fakes.base import stop_server
 
 DEMO = {"kind": "demo", "model": "demo-small", "context_window": 4096, "models": {"demo-open": 0},
         "delay_ms": 0}
@@ -50,8 +51,7 @@ def serve(settings: Any) -> Iterator[str]:
             time.sleep(0.005)
         yield f"127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
     finally:
-        server.should_exit = True
-        thread.join(10)
+        stop_server(server, thread)
 
 
 class Client:

@@ -273,8 +273,17 @@ def serve_in_thread(app: Any) -> Iterator[str]:
         port = server.servers[0].sockets[0].getsockname()[1]
         yield f"http://127.0.0.1:{port}"
     finally:
-        server.should_exit = True
-        thread.join()
+        stop_server(server, thread)
+
+
+def stop_server(server: uvicorn.Server, thread: threading.Thread) -> None:
+    """Ask the server to exit; if a connection holds it (a stream a test left hanging), force it, and
+    never wait forever: the thread is a daemon, so a stuck one cannot keep the test run alive."""
+    server.should_exit = True
+    thread.join(5)
+    if thread.is_alive():
+        server.force_exit = True
+        thread.join(5)
 
 
 @contextmanager
