@@ -24,6 +24,14 @@ DEMO = {"kind": "demo", "model": "demo-small", "context_window": 4096, "models":
         "delay_ms": 0}
 
 
+SLOW_DEMO = {**DEMO, "delay_ms": 30}  # a reply takes seconds: long enough to stop or reconnect mid-way
+
+
+def slow_settings(tmp_path: Path, **server: Any):
+    """Settings whose demo streams at a pace a test can interrupt."""
+    return settings_for(tmp_path, {"providers": {"demo": SLOW_DEMO}}, **server)
+
+
 def settings_for(tmp_path: Path, data: Mapping[str, Any] | None = None, **server: Any):
     data = dict(data or {})
     data.setdefault("providers", {"demo": DEMO})
@@ -94,6 +102,11 @@ class Client:
             fields["last_seq"] = last_seq
         await self.send("hello", **fields)
         return await self.until("context" if last_seq is None else "session")
+
+    async def start_turn(self, content: str = "hello", message_id: str = "q1") -> list[dict[str, Any]]:
+        """Send a message and collect frames until its reply has begun (the first chunk)."""
+        await self.send("message", id=message_id, content=content)
+        return await self.until("chunk")
 
     async def say(self, content: str, **fields: Any) -> list[dict[str, Any]]:
         """Send a message and collect frames until the turn ends (done, error or aborted)."""

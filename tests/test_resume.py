@@ -14,19 +14,15 @@ import anyio
 import httpx
 import pytest
 
-from tests.support import DEMO, client, of_type, serve, settings_for, text_of
+from tests.support import client, of_type, serve, settings_for, slow_settings, text_of
 
 pytestmark = pytest.mark.anyio
 
-SLOW = {**DEMO, "delay_ms": 20}
-
-
 async def test_resume_mid_stream_loses_and_repeats_nothing(tmp_path):
-    with serve(settings_for(tmp_path, {"providers": {"demo": SLOW}})) as address:
+    with serve(slow_settings(tmp_path)) as address:
         async with client(address) as a:
             await a.hello()
-            await a.send("message", id="q1", content="hello")
-            seen = await a.until("chunk")
+            seen = await a.start_turn()
             seen += [await a.recv(), await a.recv()]
         last_seq = seen[-1]["seq"]
         async with client(address) as b:
@@ -40,11 +36,10 @@ async def test_resume_mid_stream_loses_and_repeats_nothing(tmp_path):
 
 
 async def test_reconnect_without_last_seq_gets_a_snapshot_of_the_stream(tmp_path):
-    with serve(settings_for(tmp_path, {"providers": {"demo": SLOW}})) as address:
+    with serve(slow_settings(tmp_path)) as address:
         async with client(address) as a:
             await a.hello()
-            await a.send("message", id="q1", content="hello")
-            await a.until("chunk")
+            await a.start_turn()
             async with client(address) as b:
                 frames = await b.hello(a.session_id)
                 session, history = frames[0], frames[1]
@@ -56,11 +51,10 @@ async def test_reconnect_without_last_seq_gets_a_snapshot_of_the_stream(tmp_path
 
 
 async def test_stop_from_another_client_aborts_the_turn(tmp_path):
-    with serve(settings_for(tmp_path, {"providers": {"demo": SLOW}})) as address:
+    with serve(slow_settings(tmp_path)) as address:
         async with client(address) as a:
             await a.hello()
-            await a.send("message", id="q1", content="hello")
-            await a.until("chunk")
+            await a.start_turn()
         async with client(address) as b:
             await b.hello(a.session_id)
             await b.send("stop")
@@ -145,12 +139,11 @@ async def test_sigkill_mid_stream_loses_no_user_message(tmp_path):
 
 
 async def test_disconnect_stops_the_turn_when_keep_generating_is_off(tmp_path):
-    settings = settings_for(tmp_path, {"providers": {"demo": SLOW}}, keep_generating=False)
+    settings = slow_settings(tmp_path, keep_generating=False)
     with serve(settings) as address:
         async with client(address) as a:
             await a.hello()
-            await a.send("message", id="q1", content="hello")
-            await a.until("chunk")
+            await a.start_turn()
         await anyio.sleep(0.3)  # the demo reply takes seconds at this pace; the server has seen the close
         async with client(address) as b:
             frames = await b.hello(a.session_id)

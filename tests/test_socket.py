@@ -7,7 +7,7 @@ import uuid
 import httpx
 import pytest
 
-from tests.support import client, of_type, serve, settings_for, text_of
+from tests.support import client, of_type, serve, settings_for, slow_settings, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -132,12 +132,11 @@ async def test_oversized_image_is_rejected_and_nothing_is_stored(tmp_path):
 
 
 async def test_second_message_while_busy_is_refused(tmp_path):
-    settings = settings_for(tmp_path, {"providers": {"demo": {**DEMO_SLOW}}})
+    settings = slow_settings(tmp_path)
     with serve(settings) as address:
         async with client(address) as c:
             await c.hello()
-            await c.send("message", id="a", content="hello")
-            await c.until("chunk")
+            await c.start_turn(message_id="a")
             await c.send("message", id="b", content="again")
             frames = await c.until("error")
             assert frames[-1]["code"] == "busy" and frames[-1]["message_id"] == "b"
@@ -145,16 +144,11 @@ async def test_second_message_while_busy_is_refused(tmp_path):
             assert (await c.until("aborted"))[-1]["type"] == "aborted"
 
 
-DEMO_SLOW = {"kind": "demo", "model": "demo-small", "context_window": 4096, "models": {"demo-open": 0},
-             "delay_ms": 30}
-
-
 async def test_stop_aborts_and_keeps_the_partial_reply_marked(tmp_path):
-    with serve(settings_for(tmp_path, {"providers": {"demo": DEMO_SLOW}})) as address:
+    with serve(slow_settings(tmp_path)) as address:
         async with client(address) as c:
             await c.hello()
-            await c.send("message", id="a", content="hello")
-            await c.until("chunk")
+            await c.start_turn(message_id="a")
             await c.until("chunk")
             await c.send("stop")
             frames = await c.until("aborted")
@@ -221,11 +215,10 @@ async def test_idle_sessions_leave_the_cache_and_come_back_from_the_store(tmp_pa
 
 
 async def test_rename_through_the_api_reaches_open_tabs_without_stopping_the_turn(tmp_path):
-    with serve(settings_for(tmp_path, {"providers": {"demo": DEMO_SLOW}})) as address:
+    with serve(slow_settings(tmp_path)) as address:
         async with client(address) as c:
             await c.hello()
-            await c.send("message", id="a", content="hello")
-            await c.until("chunk")
+            await c.start_turn(message_id="a")
             async with httpx.AsyncClient(base_url=f"http://{address}") as http:
                 renamed = await http.patch(f"/api/sessions/{c.session_id}", json={"title": "Renamed"})
                 assert renamed.status_code == 200
@@ -240,7 +233,7 @@ async def test_rename_through_the_api_reaches_open_tabs_without_stopping_the_tur
 
 
 async def test_two_tabs_sending_at_once_start_exactly_one_turn(tmp_path):
-    with serve(settings_for(tmp_path, {"providers": {"demo": DEMO_SLOW}})) as address:
+    with serve(slow_settings(tmp_path)) as address:
         async with client(address) as a, client(address) as b:
             await a.hello()
             await b.hello(a.session_id)
