@@ -27,7 +27,7 @@ from server.meter import context_body, read_history
 from server.protocol import PROTOCOL_VERSION, ImagePayload, server_frame
 from server.routing import Route
 from server.runtime import Runtime
-from server.session import Turn, record_trim, tools_for
+from server.session import Turn, record_trim, set_aside_turn, tools_for
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +247,9 @@ class SessionHub:
                       turn_id: str, retry_of: str | None) -> tuple[Route, str]:
         """Store the user's message (durable before any provider call) and announce it."""
         if retry_of:
-            await self._set_aside(live, retry_of)
+            # A retry replaces the failed turn: it stays in the transcript, no longer sent.
+            if not await set_aside_turn(self.rt, live, retry_of, "replaced by a retry"):
+                raise BadFrame(f"message.retry_of: no turn {retry_of!r} still sent in this session")
         route, text = self.rt.resolver.for_message(live.route, content)
         user = ChatMessage("user", text, images=images or None, turn_id=turn_id, id=message_id)
         await self.rt.store.append_messages(live.id, [user])
@@ -256,16 +258,6 @@ class SessionHub:
         live.emit(server_frame("accepted", id=message_id, turn_id=turn_id, content=text,
                                images=len(images) or None))
         return route, text
-
-    async def _set_aside(self, live: LiveSession, turn_id: str) -> None:
-        """A retry replaces the failed turn: it stays in the transcript, no longer sent."""
-        failed = [m for m in live.transcript if m.turn_id == turn_id and not m.is_hidden]
-        if not failed:
-            raise BadFrame(f"message.retry_of: no turn {turn_id!r} still sent in this session")
-        for message in failed:
-            message.excluded = "replaced by a retry"
-        live.rebuild()
-        await self.rt.store.save_messages(live.id, failed)
 
     async def _maybe_title(self, live: LiveSession, text: str) -> None:
         if live.title != DEFAULT_TITLE or not text.strip():

@@ -68,6 +68,18 @@ async def record_trim(rt: Runtime, live: LiveSession, report: TrimReport,
     return True
 
 
+async def set_aside_turn(rt: Runtime, live: LiveSession, turn_id: str, reason: str) -> list[ChatMessage]:
+    """Keep a turn's messages in the transcript but stop sending them (marked ``excluded`` with
+    ``reason``); returns what was set aside (nothing when the turn is unknown or already hidden)."""
+    messages = [m for m in live.transcript if m.turn_id == turn_id and not m.is_hidden]
+    for message in messages:
+        message.excluded = reason
+    if messages:
+        live.rebuild()
+        await rt.store.save_messages(live.id, messages)
+    return messages
+
+
 @dataclass
 class CallResult:
     text: str = ""
@@ -137,11 +149,8 @@ class Turn:
     async def set_aside(self) -> None:
         """A turn refused before it fits is kept in the transcript but not sent again, so one
         oversized message cannot block every later turn when proactive trimming is off."""
-        mine = [m for m in self.live.transcript if m.turn_id == self.turn_id and not m.is_hidden]
-        for message in mine:
-            message.excluded = "not sent: the request did not fit the model's context window"
-        self.live.rebuild()
-        await self.rt.store.save_messages(self.live.id, mine)
+        await set_aside_turn(self.rt, self.live, self.turn_id,
+                             "not sent: the request did not fit the model's context window")
 
     # --- the loop -----------------------------------------------------------------------------
 
