@@ -23,11 +23,10 @@ from server.errors import BadFrame, Busy, ImageRejected, UnknownRoute, UnknownSe
 from server.history import ChatMessage, Image
 from server.history_trim import sweep_orphans
 from server.live import LiveSession, TurnHandle, new_session_id
-from server.meter import context_body, read_history
 from server.protocol import PROTOCOL_VERSION, ImagePayload, server_frame
 from server.routing import Route
 from server.runtime import Runtime
-from server.session import Turn, record_trim, set_aside_turn, tools_for
+from server.session import Turn, emit_meter, record_trim, set_aside_turn
 
 log = logging.getLogger(__name__)
 
@@ -180,8 +179,7 @@ class SessionHub:
         return {**server_frame("history", messages=messages), "seq": live.seq}
 
     async def emit_context(self, live: LiveSession, route: Route, reason: str) -> None:
-        reading = await read_history(self.rt.resolver, route, live.ledger, tools_for(self.rt, route))
-        live.emit(context_body(reading, live.ledger, reason, calibrations=self.rt.resolver.calibration))
+        await emit_meter(self.rt, live, route, reason)
 
     def deleted(self, session_id: str) -> None:
         """The session was deleted through the API: stop its turn and tell its open tabs."""

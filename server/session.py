@@ -53,6 +53,16 @@ def tools_for(rt: Runtime, route: Route, final: bool = False) -> list[ToolSpec]:
     return [] if final or not profile.tools else tool_specs()
 
 
+async def emit_meter(rt: Runtime, live: LiveSession, route: Route, reason: str,
+                     reading: Reading | None = None, reported: int | None = None) -> Reading:
+    """Send the ``context`` frame for ``route``: what the session would send now, or ``reported``."""
+    if reading is None:
+        reading = await read_history(rt.resolver, route, live.ledger, tools_for(rt, route))
+    live.emit(context_body(reading, live.ledger, reason, calibrations=rt.resolver.calibration,
+                           reported=reported))
+    return reading
+
+
 async def record_trim(rt: Runtime, live: LiveSession, report: TrimReport,
                       turn_id: str | None = None) -> bool:
     """Mark what a trim dropped (kept in the transcript, no longer sent), store the marks and tell
@@ -118,11 +128,7 @@ class Turn:
 
     async def emit_context(self, reason: str, reading: Reading | None = None,
                            reported: int | None = None) -> Reading:
-        if reading is None:
-            reading = await read_history(self.rt.resolver, self.route, self.live.ledger, self.tools())
-        self.live.emit(context_body(reading, self.live.ledger, reason,
-                                    calibrations=self.rt.resolver.calibration, reported=reported))
-        return reading
+        return await emit_meter(self.rt, self.live, self.route, reason, reading, reported)
 
     def tools(self, final: bool = False) -> list[ToolSpec]:
         return tools_for(self.rt, self.route, final)
