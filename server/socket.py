@@ -50,7 +50,7 @@ def coalesce(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class Connection:
-    def __init__(self, websocket: WebSocket, hub: SessionHub) -> None:
+    def __init__(self, websocket: WebSocket[Any], hub: SessionHub) -> None:
         self.ws = websocket
         self.hub = hub
         self.state = ConnState.AWAITING_HELLO

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from server.api import api_routes
+from server.api import EXCEPTION_HANDLERS, ApiState, api_routes
 from server.export import to_json
 from server.history import ChatMessage
 from server.store import CallRecord, message_to_data, open_store
@@ -46,7 +47,12 @@ def api(tmp_path: Path) -> Iterator[Harness]:
     async def on_change(session_id: str, what: str) -> None:
         changes.append((session_id, what))
 
-    app = Starlette(routes=api_routes(store, on_change=on_change, max_import_bytes=200_000))
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[ApiState]:
+        yield {"store": store, "on_change": on_change}
+
+    app = Starlette(routes=api_routes(max_import_bytes=200_000), lifespan=lifespan,
+                    exception_handlers=EXCEPTION_HANDLERS)
     with TestClient(app) as client:
         yield Harness(client, store, changes)
     anyio.run(store.close)
