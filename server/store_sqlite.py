@@ -24,36 +24,49 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args, get_type_hints
 
 import anyio.to_thread
 
 from server.errors import ConfigError, SessionExists, UnknownSession
 from server.history import ChatMessage
 from server.store import (
+    CALL_FIELDS,
+    MESSAGE_FIELDS,
+    MESSAGE_FLAGS,
+    MESSAGE_LISTS,
     CallRecord,
     SessionSummary,
     StoredSession,
-    images_to_data,
+    call_to_data,
     message_from_data,
-    tool_calls_to_data,
+    message_to_data,
 )
 
 SCHEMA_VERSION = 1
 FILE_NAME = "meterchat.sqlite3"
 T = TypeVar("T")
 
-_SCHEMA = """
+# Columns after (session_id, id, position), in codec order: flags are INTEGER 0/1, lists are JSON
+# TEXT, and a field that cannot be None is NOT NULL (the table a version-1 file already has).
+_FIELDS = MESSAGE_FIELDS[1:]
+_MESSAGE_HINTS = get_type_hints(ChatMessage)
+
+
+def _column(name: str) -> str:
+    hint = _MESSAGE_HINTS[name]
+    kind = "INTEGER" if name in MESSAGE_FLAGS else "TEXT"
+    return f"{name} {kind}" + ("" if type(None) in get_args(hint) else " NOT NULL")
+
+
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY, title TEXT NOT NULL, route TEXT NOT NULL,
     created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS messages (
     session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-    id TEXT NOT NULL, position REAL NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
-    tool_calls TEXT, tool_call_id TEXT, images TEXT, name TEXT,
-    breadcrumb INTEGER NOT NULL, summary INTEGER NOT NULL, trimmed INTEGER NOT NULL,
-    excluded TEXT, interrupted INTEGER NOT NULL, turn_id TEXT,
+    id TEXT NOT NULL, position REAL NOT NULL, {", ".join(map(_column, _FIELDS))},
     PRIMARY KEY (session_id, id));
 CREATE INDEX IF NOT EXISTS messages_order ON messages (session_id, position);
 CREATE TABLE IF NOT EXISTS calls (
@@ -65,16 +78,11 @@ CREATE TABLE IF NOT EXISTS calls (
 CREATE INDEX IF NOT EXISTS calls_session ON calls (session_id, seq);
 """
 
-# Columns after (session_id, id, position); the order of ``_row`` and of the SELECT below.
-_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "images", "name", "breadcrumb",
-           "summary", "trimmed", "excluded", "interrupted", "turn_id")
 _INSERT = (f"INSERT INTO messages (session_id, id, position, {', '.join(_FIELDS)}) "
            f"VALUES ({', '.join('?' * (len(_FIELDS) + 3))})")
 _UPSERT = (_INSERT + " ON CONFLICT (session_id, id) DO UPDATE SET "
            + ", ".join(f"{name} = excluded.{name}" for name in _FIELDS))
 _SELECT = f"SELECT id, {', '.join(_FIELDS)} FROM messages WHERE session_id = ? ORDER BY position"
-_CALL_FIELDS = ("turn_id", "provider", "model", "route_kind", "input_tokens", "output_tokens",
-                "tokens_source", "cost_usd", "created_at")
 _SUMMARY = ("SELECT s.id, s.title, s.route, s.created_at, s.updated_at, "
             "(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id) FROM sessions s")
 
@@ -87,17 +95,19 @@ def _json(value: Any) -> str | None:
 
 def _row(message: ChatMessage) -> Row:
     """(id, *fields) of ``message``; built on the caller's thread."""
-    return (message.id, message.role, message.content, _json(tool_calls_to_data(message.tool_calls)),
-            message.tool_call_id, _json(images_to_data(message.images)), message.name,
-            int(message.breadcrumb), int(message.summary), int(message.trimmed), message.excluded,
-            int(message.interrupted), message.turn_id)
+    data = message_to_data(message)
+    for name in MESSAGE_LISTS:
+        data[name] = _json(data[name])
+    for name in MESSAGE_FLAGS:
+        data[name] = int(data[name])
+    return tuple(data.values())
 
 
 def _message(row: Row) -> ChatMessage:
-    data = dict(zip(("id", *_FIELDS), row, strict=True))
-    for key in ("tool_calls", "images"):
-        if data[key] is not None:
-            data[key] = json.loads(data[key])
+    data = dict(zip(MESSAGE_FIELDS, row, strict=True))
+    for name in MESSAGE_LISTS:
+        if data[name] is not None:
+            data[name] = json.loads(data[name])
     return message_from_data(data)
 
 
@@ -195,7 +205,7 @@ class SqliteStore:
                 return None
             messages = [_message(row) for row in self._conn.execute(_SELECT, (session_id,))]
             calls = [CallRecord(*row) for row in self._conn.execute(
-                f"SELECT {', '.join(_CALL_FIELDS)} FROM calls WHERE session_id = ? ORDER BY seq",
+                f"SELECT {', '.join(CALL_FIELDS)} FROM calls WHERE session_id = ? ORDER BY seq",
                 (session_id,))]
         finally:
             self._conn.execute("COMMIT")
@@ -286,8 +296,8 @@ class SqliteStore:
     def _put_calls(self, session_id: str, calls: Sequence[CallRecord]) -> None:
         now = self._touch(session_id)
         self._conn.executemany(
-            f"INSERT INTO calls (session_id, {', '.join(_CALL_FIELDS)}) "
-            f"VALUES ({', '.join('?' * (len(_CALL_FIELDS) + 1))})",
+            f"INSERT INTO calls (session_id, {', '.join(CALL_FIELDS)}) "
+            f"VALUES ({', '.join('?' * (len(CALL_FIELDS) + 1))})",
             [(session_id, *_call_row(call, now)) for call in calls])
 
     async def import_session(self, session: StoredSession) -> None:
@@ -302,8 +312,9 @@ class SqliteStore:
 
 
 def _call_row(call: CallRecord, now: str) -> Row:
-    return (call.turn_id, call.provider, call.model, call.route_kind, call.input_tokens,
-            call.output_tokens, call.tokens_source, call.cost_usd, call.created_at or now)
+    data = call_to_data(call)
+    data["created_at"] = call.created_at or now
+    return tuple(data.values())
 
 
 def _prepare(connection: sqlite3.Connection, path: Path) -> None:
