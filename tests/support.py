@@ -69,9 +69,13 @@ def run_server(target: Any, **options: Any) -> Iterator[Running]:
 
     ``target`` an ASGI app: uvicorn in a thread of this process (``options`` go to
     ``uvicorn.Config``). ``target`` a settings file (a ``Path``): ``python -m server --config FILE``
-    in a child process, the way a user starts it. Either way the caller waits for the server's own
-    word that it listens, not for a timer."""
-    runner = _in_process if isinstance(target, Path) else _in_thread
+    in a child process, the way a user starts it. ``target`` a list: ``python *target`` in a child
+    that serves with uvicorn on 127.0.0.1 port 0 at log level info (a bench's fake provider). Either
+    way the caller waits for the server's own word that it listens, not for a timer."""
+    if isinstance(target, Path):
+        target = ["-m", "server", "--config", str(target), "--host", "127.0.0.1", "--port", "0",
+                  "--log-level", "info"]  # info: uvicorn's "running on" line names the port it bound
+    runner = _in_process if isinstance(target, list) else _in_thread
     with runner(target, **options) as running:
         yield running
 
@@ -127,18 +131,16 @@ def stop_server(server: uvicorn.Server, thread: threading.Thread) -> None:
 
 
 @contextmanager
-def _in_process(config: Path) -> Iterator[Running]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "server", "--config", str(config), "--host", "127.0.0.1", "--port", "0",
-         "--log-level", "info"],  # info: uvicorn's "running on" line names the port it bound
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+def _in_process(args: list[str]) -> Iterator[Running]:
+    process = subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)
     running = Running("", process)
     listening = threading.Event()
     reader = threading.Thread(target=_read_output, args=(running, listening), daemon=True)
     reader.start()
     try:
         if not listening.wait(START_TIMEOUT_S) or not running.address:
-            raise RuntimeError("meterchat did not start:\n" + "".join(running.output[-80:]))
+            raise RuntimeError(f"{' '.join(args)} did not start:\n" + "".join(running.output[-80:]))
         yield running
     finally:
         _stop_process(process)
