@@ -1,5 +1,9 @@
 """Settings: one declarative table, read once from a TOML file and the environment.
 
+The settings dataclasses are the table: each field that is a setting carries its default and its
+help (``setting(...)``, ``required(...)``), and ``SCHEMA`` and the other schemas are read from them,
+so a default is written in one place.
+
 Every scalar setting of ``[server]``, ``[runtime]``, ``[runtime.history_pruning]`` and
 ``[runtime.compaction]`` can be overridden by ``METERCHAT_<SECTION>_<KEY>`` (dots in the section
 become underscores, e.g. ``METERCHAT_RUNTIME_HISTORY_PRUNING_ENABLED``); ``METERCHAT_DATA_DIR`` and
