@@ -26,6 +26,7 @@ class Harness:
     client: TestClient
     store: SqliteStore
     changes: list[tuple[str, str]] = field(default_factory=list)
+    broken: set[str] = field(default_factory=set)  # changes whose on_change raises
 
     def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return anyio.run(partial(fn, *args, **kwargs))
@@ -43,9 +44,12 @@ class Harness:
 def api(tmp_path: Path) -> Iterator[Harness]:
     store = open_store(tmp_path)
     changes: list[tuple[str, str]] = []
+    broken: set[str] = set()
 
     async def on_change(session_id: str, what: str) -> None:
         changes.append((session_id, what))
+        if what in broken:
+            raise RuntimeError(f"live sessions could not follow {what}")
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[ApiState]:
@@ -54,7 +58,7 @@ def api(tmp_path: Path) -> Iterator[Harness]:
     app = Starlette(routes=api_routes(max_import_bytes=200_000), lifespan=lifespan,
                     exception_handlers=EXCEPTION_HANDLERS)
     with TestClient(app) as client:
-        yield Harness(client, store, changes)
+        yield Harness(client, store, changes, broken)
     anyio.run(store.close)
 
 
@@ -87,6 +91,15 @@ def test_api_rename_returns_the_summary_and_tells_live_sessions(api: Harness) ->
     assert response.json()["title"] == "Renamed ✓"
     assert api.run(api.store.get_summary, "s").title == "Renamed ✓"
     assert api.changes == [("s", "renamed")]
+
+
+def test_api_change_hook_failure_is_logged_and_the_answer_stands(
+        api: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    api.seed("s")
+    api.broken.add("deleted")
+    assert api.client.delete("/api/sessions/s").status_code == 204
+    assert api.run(api.store.get_summary, "s") is None and api.changes == [("s", "deleted")]
+    assert "on_change('s', 'deleted') failed" in caplog.text
 
 
 @pytest.mark.parametrize("body, field_named", [
