@@ -27,7 +27,7 @@ from typing import Any, get_origin, get_type_hints
 from server.errors import ImportRejected
 from server.history import ChatMessage
 from server.store import (
-    MESSAGE_FIELDS,
+    MESSAGE_HINTS,
     MESSAGE_LISTS,
     CallRecord,
     StoredSession,
@@ -53,21 +53,25 @@ def _accepted(hint: Any) -> tuple[type, ...]:
     return (int, *kinds) if float in kinds else kinds
 
 
-def _fields_of(cls: type, *, required: tuple[str, ...] = ()) -> Fields:
+def _required(cls: type) -> set[str]:
+    """Fields an import must give: no default, and None is not a value they take."""
     hints = get_type_hints(cls)
-    table: dict[str, tuple[tuple[type, ...], bool]] = {}
-    for f in fields(cls):
-        if not f.name.startswith("_"):
-            no_default = f.default is MISSING and f.default_factory is MISSING
-            needed = f.name in required or (no_default and type(None) not in type_options(hints[f.name]))
-            table[f.name] = (_accepted(hints[f.name]), needed)
-    return table
+    return {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
+            and type(None) not in type_options(hints[f.name])}
 
 
-_MESSAGE_FIELDS = {name: _fields_of(ChatMessage, required=("id",))[name] for name in MESSAGE_FIELDS}
-_TOOL_CALL_FIELDS = _fields_of(MESSAGE_LISTS["tool_calls"])
-_IMAGE_FIELDS = _fields_of(MESSAGE_LISTS["images"])
-_CALL_FIELDS = _fields_of(CallRecord)
+def _table(hints: Mapping[str, Any], required: set[str]) -> Fields:
+    return {name: (_accepted(hint), name in required) for name, hint in hints.items()}
+
+
+def _table_of(cls: type) -> Fields:
+    return _table(get_type_hints(cls), _required(cls))
+
+
+_MESSAGE_FIELDS = _table(MESSAGE_HINTS, {"id"} | _required(ChatMessage))  # every message names its id
+_TOOL_CALL_FIELDS = _table_of(MESSAGE_LISTS["tool_calls"])
+_IMAGE_FIELDS = _table_of(MESSAGE_LISTS["images"])
+_CALL_FIELDS = _table_of(CallRecord)
 _SESSION_FIELDS: Fields = {
     "format": (_STR, True), "version": (_INT, True), "id": (_OPT_STR, False), "title": (_STR, True),
     "route": (_STR, True), "created_at": (_OPT_STR, False), "updated_at": (_OPT_STR, False),

@@ -119,13 +119,20 @@ def _item_type(hint: Any) -> type | None:
     return None
 
 
-_MESSAGE_HINTS = get_type_hints(ChatMessage)
-# Every public field, ``id`` first (the order of the export's keys and of the store's columns).
-MESSAGE_FIELDS: tuple[str, ...] = ("id", *(f.name for f in fields(ChatMessage)
-                                           if f.name != "id" and not f.name.startswith("_")))
-MESSAGE_FLAGS = frozenset(name for name in MESSAGE_FIELDS if _MESSAGE_HINTS[name] is bool)
-MESSAGE_LISTS: dict[str, type] = {name: kind for name in MESSAGE_FIELDS
-                                  if (kind := _item_type(_MESSAGE_HINTS[name])) is not None}
+def _stored_hints() -> dict[str, Any]:
+    """Stored name -> type hint of every public field of ``ChatMessage``, ``id`` first: the order
+    of the export's keys and of the store's columns."""
+    hints = get_type_hints(ChatMessage)
+    names = [f.name for f in fields(ChatMessage) if f.name != "id" and not f.name.startswith("_")]
+    return {name: hints[name] for name in ("id", *names)}
+
+
+# The one table the store's columns and the export's fields are read from.
+MESSAGE_HINTS: dict[str, Any] = _stored_hints()
+MESSAGE_FIELDS: tuple[str, ...] = tuple(MESSAGE_HINTS)
+MESSAGE_FLAGS = frozenset(name for name, hint in MESSAGE_HINTS.items() if hint is bool)
+MESSAGE_LISTS: dict[str, type] = {name: kind for name, hint in MESSAGE_HINTS.items()
+                                  if (kind := _item_type(hint)) is not None}
 _ITEM_FIELDS = {kind: tuple(f.name for f in fields(kind)) for kind in MESSAGE_LISTS.values()}
 CALL_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CallRecord))
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar, get_args, get_type_hints
+from typing import Any, TypeVar
 
 import anyio.to_thread
 
@@ -34,6 +34,7 @@ from server.store import (
     CALL_FIELDS,
     MESSAGE_FIELDS,
     MESSAGE_FLAGS,
+    MESSAGE_HINTS,
     MESSAGE_LISTS,
     CallRecord,
     SessionSummary,
@@ -41,6 +42,7 @@ from server.store import (
     call_to_data,
     message_from_data,
     message_to_data,
+    type_options,
 )
 
 SCHEMA_VERSION = 1
@@ -50,13 +52,11 @@ T = TypeVar("T")
 # Columns after (session_id, id, position), in codec order: flags are INTEGER 0/1, lists are JSON
 # TEXT, and a field that cannot be None is NOT NULL (the table a version-1 file already has).
 _FIELDS = MESSAGE_FIELDS[1:]
-_MESSAGE_HINTS = get_type_hints(ChatMessage)
 
 
 def _column(name: str) -> str:
-    hint = _MESSAGE_HINTS[name]
     kind = "INTEGER" if name in MESSAGE_FLAGS else "TEXT"
-    return f"{name} {kind}" + ("" if type(None) in get_args(hint) else " NOT NULL")
+    return f"{name} {kind}" + ("" if type(None) in type_options(MESSAGE_HINTS[name]) else " NOT NULL")
 
 
 _SCHEMA = f"""
