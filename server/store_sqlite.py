@@ -34,7 +34,6 @@ from server.store import (
     CALL_FIELDS,
     MESSAGE_FIELDS,
     MESSAGE_FLAGS,
-    MESSAGE_HINTS,
     MESSAGE_LISTS,
     CallRecord,
     SessionSummary,
@@ -42,31 +41,27 @@ from server.store import (
     call_to_data,
     message_from_data,
     message_to_data,
-    type_options,
 )
 
 SCHEMA_VERSION = 1
 FILE_NAME = "meterchat.sqlite3"
 T = TypeVar("T")
 
-# Columns after (session_id, id, position), in codec order: flags are INTEGER 0/1, lists are JSON
-# TEXT, and a field that cannot be None is NOT NULL (the table a version-1 file already has).
-_FIELDS = MESSAGE_FIELDS[1:]
-
-
-def _column(name: str) -> str:
-    kind = "INTEGER" if name in MESSAGE_FLAGS else "TEXT"
-    return f"{name} {kind}" + ("" if type(None) in type_options(MESSAGE_HINTS[name]) else " NOT NULL")
-
-
-_SCHEMA = f"""
+# The version-1 schema, written out: a stored table is history, so it is not derived from the code
+# of the day (a new field needs a new schema version). The message columns are the codec's
+# (``server.store.MESSAGE_FIELDS``: flags as INTEGER 0/1, lists as JSON TEXT); the test that reads a
+# version-1 file holds the two together.
+_SCHEMA = """
 CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY, title TEXT NOT NULL, route TEXT NOT NULL,
     created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS messages (
     session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-    id TEXT NOT NULL, position REAL NOT NULL, {", ".join(map(_column, _FIELDS))},
+    id TEXT NOT NULL, position REAL NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
+    tool_calls TEXT, tool_call_id TEXT, images TEXT, name TEXT,
+    breadcrumb INTEGER NOT NULL, summary INTEGER NOT NULL, trimmed INTEGER NOT NULL,
+    excluded TEXT, interrupted INTEGER NOT NULL, turn_id TEXT,
     PRIMARY KEY (session_id, id));
 CREATE INDEX IF NOT EXISTS messages_order ON messages (session_id, position);
 CREATE TABLE IF NOT EXISTS calls (
@@ -78,6 +73,7 @@ CREATE TABLE IF NOT EXISTS calls (
 CREATE INDEX IF NOT EXISTS calls_session ON calls (session_id, seq);
 """
 
+_FIELDS = MESSAGE_FIELDS[1:]  # the columns after (session_id, id, position)
 _INSERT = (f"INSERT INTO messages (session_id, id, position, {', '.join(_FIELDS)}) "
            f"VALUES ({', '.join('?' * (len(_FIELDS) + 3))})")
 _UPSERT = (_INSERT + " ON CONFLICT (session_id, id) DO UPDATE SET "
