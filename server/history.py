@@ -75,6 +75,11 @@ class ChatMessage:
         self.content = content
         self._text_tokens = None
 
+    def set_tool_calls(self, calls: Sequence[ToolCall] | None) -> None:
+        """Replace the tool calls (they count in the estimate, so the measure is taken again)."""
+        self.tool_calls = list(calls) if calls else None
+        self._text_tokens = None
+
     @property
     def is_hidden(self) -> bool:
         return self.trimmed or self.excluded is not None

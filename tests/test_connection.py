@@ -277,7 +277,7 @@ async def test_history_clips_long_tool_results_but_the_export_keeps_them(address
 
 def test_history_view_clips_tool_text_over_the_limit():
     from server.history import ChatMessage
-    from server.hub import HISTORY_TOOL_CHARS, display_text
+    from server.views import HISTORY_TOOL_CHARS, display_text
 
     long = ChatMessage("tool", "z" * (HISTORY_TOOL_CHARS + 500), tool_call_id="c1")
     shown = display_text(long)
