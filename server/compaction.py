@@ -1,4 +1,4 @@
-"""Group compaction (truncation or summarization) over the sent history (pure: no I/O, no clock).
+"""Group compaction (truncation or summarization) over the sent history (no I/O, no clock).
 
 Messages are grouped so nothing that belongs together is cut apart:
 
@@ -21,6 +21,10 @@ Truncation marks excluded messages (``message.excluded = reason``); nothing is d
 is a plan: the caller sends ``summary_request(plan)`` to a model and then calls ``apply_summary``,
 which marks the groups and inserts a ``[Summary]`` message where they began. ``rollback(plan)``
 undoes either. A pass over a history that fits changes nothing.
+
+Not pure: ``plan_compaction`` only reads, but ``apply_truncation``, ``apply_summary`` and ``rollback``
+change the planned messages' marks in place, and ``apply_summary`` inserts into the transcript it is
+given. The caller (``server.compaction_runner``) stores the marks and rebuilds the session's ledger.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from server.channel import FrameChannel, FrameLog, Outbox, frame_bytes
-
 from server.events import EventBus
 
 
