@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from server.channel import FRAME_LOG_BYTES, FrameChannel  # noqa: E402
 from server.events import EventBus  # noqa: E402
-from server.history import ChatMessage  # noqa: E402
+from server.history import TRIMMED, ChatMessage  # noqa: E402
 from server.routing import Route  # noqa: E402
 from server.session import Session  # noqa: E402
 
@@ -39,7 +39,7 @@ def stream_turns(live: Session, turns: int) -> int:
         reply = ChatMessage("assistant", "".join(parts), turn_id=turn_id)
         live.add(reply)
         for message in live.ledger.trim_turn_count(50).dropped:
-            message.trimmed = True
+            message.left_out = TRIMMED
         text_bytes += len(user.content) + len(reply.content)
     return text_bytes
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from server.channel import FrameChannel  # noqa: E402
 from server.events import EventBus  # noqa: E402
-from server.history import ChatMessage, estimate_history_tokens  # noqa: E402
+from server.history import TRIMMED, ChatMessage, estimate_history_tokens  # noqa: E402
 from server.history_trim import sweep_orphans  # noqa: E402
 from server.routing import Route  # noqa: E402
 from server.session import Session  # noqa: E402
@@ -45,7 +45,7 @@ def session_of(turns: int, limit: int) -> Session:
     for n in range(turns):
         live.add(*turn(n))
         for message in live.ledger.trim_turn_count(limit or turns + 1).dropped:
-            message.trimmed = True
+            message.left_out = TRIMMED
     return live
 
 
@@ -54,7 +54,7 @@ def one_turn(live: Session, n: int, limit: int, budget: int) -> None:
     live.add(user)
     for report in (live.ledger.trim_turn_count(limit), live.ledger.trim(budget)):
         for message in report.dropped:
-            message.trimmed = True
+            message.left_out = TRIMMED
     live.ledger.preview(budget)
     _ = live.ledger.estimate
     request = sweep_orphans(live.to_send())

@@ -17,10 +17,10 @@ again on the next turn. Exclusion takes the oldest non-system groups, never the 
 messages still sent never open (after system messages) with a tool result or an assistant message.
 When no boundary reaches the target, the latest allowed one is used.
 
-Truncation marks excluded messages (``message.excluded = reason``); nothing is deleted. Summarization
-is a plan: the caller sends ``summary_request(plan)`` to a model and then calls ``apply_summary``,
-which marks the groups and inserts a ``[Summary]`` message where they began. ``rollback(plan)``
-undoes either. A pass over a history that fits changes nothing.
+Truncation leaves the excluded messages out (``message.left_out = reason``); nothing is deleted.
+Summarization is a plan: the caller sends ``summary_request(plan)`` to a model and then calls
+``apply_summary``, which marks the groups and inserts a ``[Summary]`` message where they began.
+``rollback(plan)`` undoes either. A pass over a history that fits changes nothing.
 
 Not pure: ``plan_compaction`` only reads, but ``apply_truncation``, ``apply_summary`` and ``rollback``
 change the planned messages' marks in place, and ``apply_summary`` inserts into the transcript it is
@@ -178,8 +178,8 @@ def plan_compaction(messages: Sequence[ChatMessage], settings: CompactionSetting
 
 def _mark(plan: CompactionPlan, reason: str) -> None:
     for message in plan.excluded_messages:
-        plan._marks.append((message, message.excluded))
-        message.excluded = reason
+        plan._marks.append((message, message.left_out))
+        message.left_out = reason
 
 
 def apply_truncation(plan: CompactionPlan) -> None:
@@ -219,7 +219,7 @@ def apply_summary(messages: list[ChatMessage], plan: CompactionPlan, summary_tex
 def rollback(plan: CompactionPlan) -> None:
     """Restore every mark the plan set and take out its summary, if one was inserted."""
     for message, previous in reversed(plan._marks):
-        message.excluded = previous
+        message.left_out = previous
     plan._marks.clear()
     if plan.summary is not None and plan._transcript is not None:
         plan._transcript[:] = [m for m in plan._transcript if m is not plan.summary]

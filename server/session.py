@@ -19,7 +19,7 @@ import anyio
 
 from server.channel import Frame, FrameChannel
 from server.compaction import TRUNCATED
-from server.history import BREADCRUMB_TEXT, DEFAULT_IMAGE_TOKEN_COST, ChatMessage
+from server.history import BREADCRUMB_TEXT, DEFAULT_IMAGE_TOKEN_COST, TRIMMED, ChatMessage
 from server.history_trim import TrimReport, sweep_orphans
 from server.ledger import HistoryLedger
 from server.meter import Meter, Reading
@@ -99,14 +99,14 @@ class Session:
         end = 0
         while end < len(transcript) and transcript[end].role == "system":
             end += 1
-        system = [m for m in transcript[:end] if not m.is_hidden]
+        system = [m for m in transcript[:end] if m.left_out is None]
         rest = transcript[end:]
-        body = [m for m in rest if not m.is_hidden and not m.breadcrumb]
+        body = [m for m in rest if m.left_out is None and not m.breadcrumb]
         if self._streamed is not None and body and body[-1] is self._streamed:
             body.pop()  # the reply being written joins the ledger when it is complete
         # Turns set aside (refused, retried, orphaned) are not "omitted to fit the window".
-        left_out = any(m.trimmed or m.excluded == TRUNCATED for m in rest)
-        crumb = [self.breadcrumb] if left_out and body and not any(m.summary for m in body) else []
+        omitted = any(m.left_out in (TRIMMED, TRUNCATED) for m in rest)
+        crumb = [self.breadcrumb] if omitted and body and not any(m.summary for m in body) else []
         return system + crumb + body
 
     def rebuild(self) -> None:
@@ -161,27 +161,27 @@ class Session:
         if not dropped:
             return False
         for message in dropped:
-            message.trimmed = True
+            message.left_out = TRIMMED
         await self.store.save_messages(self.id, dropped)
         fields = {**report.frame_fields(), "dropped_messages": len(dropped)}
         self.emit(server_frame("history_trimmed", **fields, **dropped_ids(dropped), turn_id=turn_id))
         return True
 
     async def set_aside(self, turn_id: str, reason: str) -> list[ChatMessage]:
-        """Keep a turn's messages in the transcript but stop sending them (marked ``excluded`` with
-        ``reason``); returns what was set aside (nothing when the turn is unknown or already hidden)."""
-        messages = [m for m in self.transcript if m.turn_id == turn_id and not m.is_hidden]
-        return await self._exclude(messages, reason)
+        """Keep a turn's messages in the transcript but stop sending them (``left_out`` =
+        ``reason``); returns what was set aside (nothing when the turn is unknown or already left out)."""
+        messages = [m for m in self.transcript if m.turn_id == turn_id and m.left_out is None]
+        return await self._leave_out(messages, reason)
 
     async def set_aside_orphans(self) -> list[ChatMessage]:
         """On restore: tool messages whose call or result is missing are no longer sent."""
         swept = {m.id for m in sweep_orphans(self.to_send())}
         orphans = [m for m in self.to_send() if m.id not in swept and not m.breadcrumb]
-        return await self._exclude(orphans, ORPHANED)
+        return await self._leave_out(orphans, ORPHANED)
 
-    async def _exclude(self, messages: list[ChatMessage], reason: str) -> list[ChatMessage]:
+    async def _leave_out(self, messages: list[ChatMessage], reason: str) -> list[ChatMessage]:
         for message in messages:
-            message.excluded = reason
+            message.left_out = reason
         if messages:
             self.rebuild()
             await self.store.save_messages(self.id, messages)

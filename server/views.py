@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from server.channel import Frame
-from server.history import ChatMessage
+from server.history import ChatMessage, stored_marks
 from server.protocol import PROTOCOL_VERSION, server_frame
 from server.session import Session
 
@@ -27,15 +27,15 @@ def display_text(message: ChatMessage) -> str:
 
 
 def message_view(message: ChatMessage) -> dict[str, Any]:
+    trimmed, excluded = stored_marks(message)
     view: dict[str, Any] = {
-        "id": message.id, "role": message.role, "content": display_text(message),
-        "trimmed": message.trimmed,
+        "id": message.id, "role": message.role, "content": display_text(message), "trimmed": trimmed,
         "interrupted": message.interrupted, "summary": message.summary, "breadcrumb": message.breadcrumb,
     }
     if message.turn_id:
         view["turn_id"] = message.turn_id
-    if message.excluded:
-        view["excluded"] = message.excluded
+    if excluded:
+        view["excluded"] = excluded
     if message.tool_calls:
         view["tool_calls"] = [{"id": c.id, "name": c.name, "args": c.arguments} for c in message.tool_calls]
     if message.tool_call_id:

@@ -74,7 +74,7 @@ def test_compaction_none_or_under_trigger_changes_nothing() -> None:
     assert not compact(rows, CompactionSettings(strategy="none", tokens_exceed=10)).needed
     assert not compact(rows, truncation(estimate_history_tokens(rows))).needed
     assert not compact(rows, truncation(0)).needed
-    assert all(m.excluded is None for m in rows)
+    assert all(m.left_out is None for m in rows)
 
 
 def test_truncation_excludes_oldest_groups_to_target() -> None:
@@ -86,7 +86,7 @@ def test_truncation_excludes_oldest_groups_to_target() -> None:
     assert len(rows) == 21  # nothing deleted
     assert estimate_history_tokens(sent) == plan.tokens_after
     assert sent[0].role == "system" and is_turn_start(sent[1])
-    assert {m.excluded for m in rows if m.excluded} == {TRUNCATED}
+    assert {m.left_out for m in rows if m.left_out} == {TRUNCATED}
 
 
 def test_truncation_target_below_trigger_does_not_refire() -> None:
@@ -125,18 +125,18 @@ def test_truncation_is_idempotent_and_rolls_back() -> None:
     rows = session(5)
     settings_ = truncation(100, minimum_preserved_groups=1)
     plan = compact(rows, settings_)
-    marks = [m.excluded for m in rows]
+    marks = [m.left_out for m in rows]
     assert not compact(rows, settings_).needed
-    assert [m.excluded for m in rows] == marks
+    assert [m.left_out for m in rows] == marks
     rollback(plan)
-    assert all(m.excluded is None for m in rows)
+    assert all(m.left_out is None for m in rows)
 
 
 def test_summarization_plans_without_changing_anything() -> None:
     rows = session(4)
     plan = compact(rows, CompactionSettings(strategy="summarization", tokens_exceed=100,
                                             minimum_preserved_groups=1))
-    assert plan.needed and all(m.excluded is None for m in rows)
+    assert plan.needed and all(m.left_out is None for m in rows)
     text = summary_request(plan)[0].content
     assert "find novel 0" in text and "get_novel" in text and "find novel 3" not in text
 
@@ -150,9 +150,9 @@ def test_summarization_apply_inserts_summary_and_rollback_restores() -> None:
     assert summary.summary and summary.content.startswith("[Summary]")
     sent = visible(rows)
     assert sent[0].role == "system" and sent[1] is summary and is_turn_start(sent[2])
-    assert {m.excluded for m in plan.excluded_messages} == {SUMMARIZED}
+    assert {m.left_out for m in plan.excluded_messages} == {SUMMARIZED}
     rollback(plan)
-    assert rows == original and all(m.excluded is None for m in rows)
+    assert rows == original and all(m.left_out is None for m in rows)
 
 
 FAST = settings(max_examples=200, deadline=None)
@@ -169,7 +169,7 @@ def test_property_truncation_invariants(rows: list[ChatMessage], trigger: int, p
     assert sent[: len(systems)] == systems
     turn_starts = [i for i, m in enumerate(rows) if is_turn_start(m)]
     if turn_starts:
-        assert all(m.excluded is None for m in rows[turn_starts[-1]:])
+        assert all(m.left_out is None for m in rows[turn_starts[-1]:])
     if plan.needed:
         assert is_turn_start(sent[len(systems)])
         non_system = [g for g in build_groups(sent) if g.kind != "system"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from server.channel import FrameChannel
 from server.events import EventBus
-from server.history import ChatMessage
+from server.history import TRIMMED, ChatMessage
 from server.reply import ReplyWriter
 from server.routing import Route
 from server.session import Session
@@ -52,11 +52,11 @@ def test_session_settle_lists_a_reply_that_never_streamed():
 
 
 def test_breadcrumb_only_for_turns_left_out_to_fit():
-    refused = ChatMessage("user", "too long", turn_id="t1", excluded="not sent: over the window")
+    refused = ChatMessage("user", "too long", turn_id="t1", left_out="not sent: over the window")
     kept = ChatMessage("user", "next", turn_id="t2")
     session = session_of([refused, kept])
     assert session.to_send() == [kept]  # a set-aside turn is not "omitted to fit the context window"
-    trimmed = ChatMessage("user", "old", turn_id="t0", trimmed=True)
+    trimmed = ChatMessage("user", "old", turn_id="t0", left_out=TRIMMED)
     session = session_of([trimmed, kept])
     assert [m.breadcrumb for m in session.to_send()] == [True, False]
 
