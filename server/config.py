@@ -60,7 +60,8 @@ SCHEMA: dict[str, tuple[Setting, ...]] = {
     "runtime.compaction": (
         Setting("strategy", str, "none", "none | truncation | summarization (group compaction)."),
         Setting("tokens_exceed", int, 0, "Trigger: compact when sent tokens exceed this; 0 = off."),
-        Setting("target_tokens", int, None, "Stop when at or below this; default 3/4 of the trigger."),
+        Setting("target_tokens", int, None, "Stop when at or below this (0 < target <= trigger); "
+                "unset: stop once the count no longer exceeds the trigger."),
         Setting("minimum_preserved_groups", int, 4, "Newest non-system groups always kept."),
     ),
 }
@@ -334,6 +335,10 @@ def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None
     if compaction["strategy"] not in COMPACTION_STRATEGIES:
         raise ConfigError(f"runtime.compaction.strategy: expected one of "
                           f"{', '.join(COMPACTION_STRATEGIES)}, got {compaction['strategy']!r}")
+    target, trigger = compaction["target_tokens"], compaction["tokens_exceed"]
+    if target is not None and trigger > 0 and not 0 < target <= trigger:
+        raise ConfigError(f"runtime.compaction.target_tokens: expected 0 < target_tokens <= tokens_exceed "
+                          f"({trigger:,}), got {target:,}")
     runtime["compaction"] = CompactionSettings(**compaction)
     providers = _read_providers(data)
     default_route = env.get("METERCHAT_DEFAULT_ROUTE", data.get("default_route", next(iter(providers))))
