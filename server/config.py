@@ -191,6 +191,8 @@ class Settings:
     source: str = "embedded default"
 
 
+# The embedded default's hint, so the README's `/hint open ...` works on a fresh start.
+DEMO_ROUTES = ({"hint": "open", "provider": "demo", "model": "demo-open"},)
 DEMO_PROFILE = ProviderProfile(
     alias="demo", kind="demo", model="demo-small", context_window=4096, models={"demo-open": 0}
 )
@@ -345,7 +347,10 @@ def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None
     if not isinstance(default_route, str):
         raise ConfigError(f"default_route: expected str, got {default_route!r}")
     check_route(default_route, providers, "default_route")
-    routes = [ModelRoute(**row) for row in _read_list(data, "model_routes", ROUTE_SCHEMA)]
+    rows = _read_list(data, "model_routes", ROUTE_SCHEMA)
+    if not rows and providers.get("demo") is DEMO_PROFILE:
+        rows = [dict(row) for row in DEMO_ROUTES]
+    routes = [ModelRoute(**row) for row in rows]
     for index, route in enumerate(routes):
         check_route(route.provider, providers, f"model_routes[{index}].provider")
     rules = [ClassifierRule(**row) for row in _read_list(classifier, "rules", RULE_SCHEMA, "classifier.")]
