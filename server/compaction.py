@@ -10,11 +10,13 @@ Messages are grouped so nothing that belongs together is cut apart:
                     a result whose call is unknown is an orphan tool_call group of its own
     summary         a summary or breadcrumb the runtime wrote
 
-Trigger: the estimate of the visible messages exceeds ``tokens_exceed`` (strict). Target:
-``target_tokens`` when 0 < target < trigger, else 3/4 of the trigger, so compaction does not fire
-again on the next turn. Exclusion takes the oldest non-system groups, never the newest
-``minimum_preserved_groups`` nor the current turn, and always ends just before a ``user`` group: the
-messages still sent never open (after system messages) with a tool result or an assistant message.
+Trigger: the estimate of the visible messages exceeds ``tokens_exceed`` (strict). Stop rule (seed
+004): with no ``target_tokens``, exclusion stops as soon as the count no longer exceeds the trigger;
+``0 < target_tokens <= tokens_exceed`` stops at or below that target instead (a lower target is the
+explicit way to leave headroom so compaction does not fire again on the next turn). Exclusion
+takes the oldest non-system groups, never the newest ``minimum_preserved_groups`` nor the current
+turn, and always ends just before a ``user`` group: the messages still sent never open (after system
+messages) with a tool result or an assistant message.
 When no boundary reaches the target, the latest allowed one is used.
 
 Truncation leaves the excluded messages out (``message.left_out = reason``); nothing is deleted.
@@ -116,10 +118,12 @@ def build_groups(messages: Sequence[ChatMessage], *,
 
 
 def compaction_target(settings: CompactionSettings) -> int:
+    """Where exclusion stops: ``target_tokens`` when 0 < target <= trigger, else the trigger itself
+    (the seed's default: remove groups until the count no longer exceeds the trigger)."""
     target = settings.target_tokens
-    if target is not None and 0 < target < settings.tokens_exceed:
+    if target is not None and 0 < target <= settings.tokens_exceed:
         return target
-    return settings.tokens_exceed * 3 // 4
+    return settings.tokens_exceed
 
 
 def _cut(groups: list[MessageGroup], tokens: int, target: int, preserved: int) -> int:

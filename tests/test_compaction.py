@@ -63,10 +63,24 @@ def test_groups_orphan_result_is_its_own_group() -> None:
     assert [g.kind for g in build_groups(rows)] == ["tool_call", "user"]
 
 
-def test_target_defaults_to_three_quarters_of_trigger() -> None:
-    assert compaction_target(truncation(1000)) == 750
+def test_target_defaults_to_the_trigger_as_seed_004_says() -> None:
+    assert compaction_target(truncation(1000)) == 1000
     assert compaction_target(truncation(1000, target_tokens=600)) == 600
-    assert compaction_target(truncation(1000, target_tokens=1000)) == 750
+    assert compaction_target(truncation(1000, target_tokens=1000)) == 1000
+    assert compaction_target(truncation(1000, target_tokens=0)) == 1000
+    assert compaction_target(truncation(1000, target_tokens=1500)) == 1000
+
+
+def test_truncation_without_target_stops_once_count_no_longer_exceeds_trigger() -> None:
+    rows = session(8)
+    trigger = estimate_history_tokens(rows) - 1
+    plan = compact([*rows], truncation(trigger, minimum_preserved_groups=1))
+    assert plan.needed and plan.target == trigger and plan.tokens_after <= trigger
+    # Minimal: keeping the last excluded group back would leave the count above the trigger.
+    assert plan.tokens_after + plan.groups[-1].tokens > trigger or plan.groups[-1].kind != "user"
+    hysteresis = compact(session(8), truncation(trigger, target_tokens=trigger // 2,
+                                                minimum_preserved_groups=1))
+    assert len(hysteresis.groups) > len(plan.groups)
 
 
 def test_compaction_none_or_under_trigger_changes_nothing() -> None:
@@ -89,9 +103,10 @@ def test_truncation_excludes_oldest_groups_to_target() -> None:
     assert {m.left_out for m in rows if m.left_out} == {TRUNCATED}
 
 
-def test_truncation_target_below_trigger_does_not_refire() -> None:
+def test_truncation_explicit_lower_target_does_not_refire() -> None:
     rows = session(6)
-    settings_ = truncation(estimate_history_tokens(rows) - 1, minimum_preserved_groups=2)
+    trigger = estimate_history_tokens(rows) - 1
+    settings_ = truncation(trigger, target_tokens=trigger * 3 // 4, minimum_preserved_groups=2)
     compact(rows, settings_)
     rows += novel_turn(99)
     assert estimate_history_tokens(visible(rows)) <= settings_.tokens_exceed
