@@ -34,12 +34,12 @@ from starlette.websockets import WebSocket
 
 from server.api import EXCEPTION_HANDLERS, ApiState, OnChange, api_routes, error_body
 from server.config import Settings, load_settings
+from server.connection import Connection
 from server.events import EventBus, sse_stream
 from server.hub import SessionHub
 from server.providers import build_provider
 from server.routing import RouteResolver
 from server.runtime import Runtime
-from server.socket import Connection
 from server.store import open_store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,7 +109,6 @@ def create_app(settings: Settings | None = None) -> Starlette:
             async with anyio.create_task_group() as tasks:
                 rt = Runtime(settings, store, providers, RouteResolver(settings, providers), EventBus(),
                              tasks)
-                rt.compactor = build_compactor(settings) or rt.compactor
                 hub = SessionHub(rt)
                 yield {"store": store, "on_change": live_sessions_follow(hub), "hub": hub, "bus": rt.bus}
                 tasks.cancel_scope.cancel()
@@ -187,10 +186,3 @@ class BearerAuth:
 def _guarded(path: str) -> bool:
     return path.startswith("/api") or path == "/events"
 
-
-def build_compactor(settings: Settings) -> object | None:
-    if settings.runtime.compaction.strategy == "none":
-        return None
-    from server.compaction_runner import Compactor
-
-    return Compactor(settings.runtime.compaction)

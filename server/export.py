@@ -25,7 +25,7 @@ from dataclasses import MISSING, fields
 from typing import Any, get_origin, get_type_hints
 
 from server.errors import ImportRejected
-from server.history import ChatMessage
+from server.history import ChatMessage, stored_marks
 from server.store import (
     MESSAGE_HINTS,
     MESSAGE_LISTS,
@@ -190,10 +190,11 @@ def _message_heading(index: int, message: ChatMessage) -> str:
         marks.append("breadcrumb")
     if message.summary:
         marks.append("summary")
-    if message.trimmed:
+    trimmed, excluded = stored_marks(message)
+    if trimmed:
         marks.append("trimmed, no longer sent")
-    if message.excluded is not None:
-        marks.append(f"excluded: {message.excluded}")
+    if excluded is not None:
+        marks.append(f"excluded: {excluded}")
     if message.interrupted:
         marks.append("interrupted")
     suffix = f" _({'; '.join(marks)})_" if marks else ""

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import UnionType
 from typing import TYPE_CHECKING, Any, Protocol, Union, get_args, get_origin, get_type_hints
 
-from server.history import ChatMessage
+from server.history import ChatMessage, left_out_from, stored_marks
 
 if TYPE_CHECKING:
     from server.store_sqlite import SqliteStore
@@ -119,12 +119,22 @@ def _item_type(hint: Any) -> type | None:
     return None
 
 
+# ``left_out`` is kept as version 1 spelled it, a ``trimmed`` flag and an ``excluded`` reason in its
+# place (``history.stored_marks``), so the files and exports written before read the same.
+LEFT_OUT_AS: dict[str, Any] = {"trimmed": bool, "excluded": str | None}
+
+
 def _stored_hints() -> dict[str, Any]:
     """Stored name -> type hint of every public field of ``ChatMessage``, ``id`` first: the order
     of the export's keys and of the store's columns."""
     hints = get_type_hints(ChatMessage)
-    names = [f.name for f in fields(ChatMessage) if f.name != "id" and not f.name.startswith("_")]
-    return {name: hints[name] for name in ("id", *names)}
+    stored: dict[str, Any] = {"id": hints["id"]}
+    for f in fields(ChatMessage):
+        if f.name == "left_out":
+            stored.update(LEFT_OUT_AS)
+        elif f.name != "id" and not f.name.startswith("_"):
+            stored[f.name] = hints[f.name]
+    return stored
 
 
 # The one table the store's columns and the export's fields are read from.
@@ -139,7 +149,8 @@ CALL_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CallRecord))
 
 def message_to_data(message: ChatMessage) -> dict[str, Any]:
     """Every public field of ``message`` as JSON-ready data."""
-    data = {name: getattr(message, name) for name in MESSAGE_FIELDS}
+    marks: dict[str, Any] = dict(zip(LEFT_OUT_AS, stored_marks(message), strict=True))
+    data = {name: marks[name] if name in marks else getattr(message, name) for name in MESSAGE_FIELDS}
     for name, kind in MESSAGE_LISTS.items():
         if data[name] is not None:
             names = _ITEM_FIELDS[kind]
@@ -151,12 +162,13 @@ def message_from_data(data: Mapping[str, Any]) -> ChatMessage:
     """The inverse of ``message_to_data``; the shape is trusted (validate untrusted input first).
     A field missing from ``data`` takes the dataclass default; flags are read as truthiness (the
     store keeps them as 0/1)."""
-    values = {name: data[name] for name in MESSAGE_FIELDS if name in data}
+    values = {name: data[name] for name in MESSAGE_FIELDS if name in data and name not in LEFT_OUT_AS}
     for name, kind in MESSAGE_LISTS.items():
         if values.get(name) is not None:
             values[name] = [kind(**item) for item in values[name]]
     for name in MESSAGE_FLAGS & values.keys():
         values[name] = bool(values[name])
+    values["left_out"] = left_out_from(bool(data.get("trimmed")), data.get("excluded"))
     return ChatMessage(**values)
 
 

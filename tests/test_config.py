@@ -89,3 +89,17 @@ def test_config_defaults_are_the_dataclass_defaults():
     profile = ProviderProfile("x", "demo")
     assert {s.name: s.default for s in PROVIDER_SCHEMA if s.name != "kind"} == \
         {name: getattr(profile, name) for name in (s.name for s in PROVIDER_SCHEMA) if name != "kind"}
+
+
+@pytest.mark.parametrize("target", [0, -5, 1001])
+def test_compaction_target_outside_trigger_is_refused(target: int) -> None:
+    data = {"runtime": {"compaction": {"strategy": "truncation", "tokens_exceed": 1000,
+                                       "target_tokens": target}}}
+    with pytest.raises(ConfigError, match="target_tokens"):
+        settings_from_mapping(data, env={})
+
+
+def test_compaction_target_equal_to_trigger_is_honoured() -> None:
+    data = {"runtime": {"compaction": {"strategy": "truncation", "tokens_exceed": 1000,
+                                       "target_tokens": 1000}}}
+    assert settings_from_mapping(data, env={}).runtime.compaction.target_tokens == 1000
