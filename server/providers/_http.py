@@ -124,7 +124,7 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
         return max(0.0, when.timestamp() - time.time())
 
 
-def classify(alias: str, status: int | None, payload: Any,
+def translate_error(alias: str, status: int | None, payload: Any,
              headers: Mapping[str, str] | None = None) -> ProviderError:
     """The error for an error body; ``status`` None means an error event after HTTP 200."""
     message, kind, _, _ = error_parts(payload)
@@ -188,7 +188,7 @@ async def open_stream(client: httpx.AsyncClient, alias: str, url: str, body: Map
         async with client.stream("POST", url, json=body, headers=headers) as response:
             if response.status_code >= 400:
                 raw = await response.aread()
-                raise classify(alias, response.status_code, parse_body(raw), response.headers)
+                raise translate_error(alias, response.status_code, parse_body(raw), response.headers)
             started = True
             yield response
     except httpx.HTTPError as exc:

@@ -32,7 +32,7 @@ from server.providers.base import (
     Usage,
     WindowInfo,
 )
-from server.providers.sse import SSEEvent, aiter_sse
+from server.providers.decoders import SSEEvent, aiter_sse
 
 API_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 1024
@@ -116,7 +116,7 @@ class _StreamState:
             raise ProtocolError(f"{self.alias}: HTTP 200, then an event that is not an object")
         kind = payload.get("type") or event.event
         if kind == "error":
-            raise _http.classify(self.alias, None, payload)
+            raise _http.translate_error(self.alias, None, payload)
         handler = getattr(self, f"_on_{kind}", None)
         # Unknown event types are skipped: Anthropic's versioning policy adds new ones freely.
         return handler(payload) if handler is not None else []

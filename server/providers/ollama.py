@@ -42,7 +42,7 @@ from server.providers.base import (
     WindowInfo,
 )
 from server.providers.openai import wire_tools
-from server.providers.sse import aiter_ndjson
+from server.providers.decoders import aiter_ndjson
 
 ASSUMED_SERVER_NUM_CTX = 4096
 _NUM_CTX = re.compile(r"^\s*num_ctx\s+(\d+)\s*$", re.MULTILINE)
@@ -89,7 +89,7 @@ class _StreamState:
         if not isinstance(line, dict):
             raise ProtocolError(f"{self.alias}: HTTP 200, then a line that is not an object")
         if "error" in line:
-            raise _http.classify(self.alias, None, line)
+            raise _http.translate_error(self.alias, None, line)
         message = line.get("message") or {}
         out: list[StreamEvent] = []
         if message.get("thinking"):

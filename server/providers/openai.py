@@ -34,7 +34,7 @@ from server.providers.base import (
     Usage,
     WindowInfo,
 )
-from server.providers.sse import SSEEvent, aiter_sse
+from server.providers.decoders import SSEEvent, aiter_sse
 
 _WINDOW_FIELDS = ("max_model_len", "context_length")
 
@@ -136,7 +136,7 @@ class _StreamState:
         if not isinstance(chunk, dict):
             raise ProtocolError(f"{self.alias}: HTTP 200, then a chunk that is not an object")
         if event.event == "error" or "error" in chunk:
-            raise _http.classify(self.alias, None, chunk)
+            raise _http.translate_error(self.alias, None, chunk)
         return self._chunk(chunk)
 
     def _chunk(self, chunk: dict[str, Any]) -> list[StreamEvent]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.providers.sse import LineDecoder, NDJSONDecoder, SSEDecoder, SSEEvent
+from server.providers.decoders import LineDecoder, NDJSONDecoder, SSEDecoder, SSEEvent
 
 STREAM = (
     ": keepalive\n"
