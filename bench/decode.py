@@ -1,0 +1,153 @@
+"""Per-chunk cost of the provider read side: the SSE decoder alone, and a whole provider stream read
+(httpx + decoder + the OpenAI dialect's state) from a fake provider in its own process.
+
+    python bench/decode.py [--chunks 2000] [--turns 20]
+
+Each figure has a baseline measured in the same run, and the ratio is what to compare between
+commits (machines differ, ratios less so):
+- decoder: ``SSEDecoder`` + ``json.loads`` per event, against the least any decoder must do
+  (``bytes.split`` on blank lines + ``json.loads``), fed one event per chunk (a paced stream) and in
+  4 KiB pieces (a full-speed stream);
+- provider read: ``OpenAIProvider.stream`` against ``httpx`` ``aiter_lines`` + ``json.loads``.
+Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from server.config import ProviderProfile  # noqa: E402
+from server.history import ChatMessage  # noqa: E402
+from server.providers.base import ProviderRequest  # noqa: E402
+from server.providers.decoders import SSEDecoder  # noqa: E402
+from server.providers.openai import OpenAIProvider  # noqa: E402
+from tests.browser_support import free_port  # noqa: E402
+
+
+def sample_stream(chunks: int) -> list[bytes]:
+    """One OpenAI chat.completion.chunk event per token, as a real provider sends them."""
+    events = []
+    for index in range(chunks):
+        body = {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                "choices": [{"index": 0, "delta": {"content": f"w{index} "}, "finish_reason": None}]}
+        events.append(f"data: {json.dumps(body)}\n\n".encode())
+    return events
+
+
+def pieces(events: list[bytes], size: int) -> list[bytes]:
+    data = b"".join(events)
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+def decoder_run(chunks: list[bytes]) -> int:
+    decoder = SSEDecoder()
+    count = 0
+    for chunk in chunks:
+        for event in decoder.feed(chunk):
+            json.loads(event.data)
+            count += 1
+    return count
+
+
+def baseline_run(chunks: list[bytes]) -> int:
+    pending = b""
+    count = 0
+    for chunk in chunks:
+        parts = (pending + chunk).split(b"\n\n")
+        pending = parts.pop()
+        for part in parts:
+            json.loads(part[6:])
+            count += 1
+    return count
+
+
+def best_us(run: Callable[[list[bytes]], int], chunks: list[bytes], events: int, repeat: int = 7) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        assert run(chunks) == events
+        best = min(best, time.perf_counter() - start)
+    return best / events * 1e6
+
+
+def decoder_figures(chunks: int) -> None:
+    events = sample_stream(chunks)
+    for name, feed in (("one event per chunk", events), ("4 KiB pieces", pieces(events, 4096))):
+        ours, floor = best_us(decoder_run, feed, chunks), best_us(baseline_run, feed, chunks)
+        print(f"decoder, {name:<20} {ours:6.2f} us/event   baseline {floor:6.2f}   "
+              f"ratio {ours / floor:5.2f}x")
+
+
+async def provider_turn(provider: OpenAIProvider) -> float:
+    start = time.perf_counter()
+    async for _ in provider.stream(ProviderRequest("m", [ChatMessage("user", "hi")])):
+        pass
+    return time.perf_counter() - start
+
+
+async def bare_turn(http: httpx.AsyncClient, url: str) -> float:
+    start = time.perf_counter()
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    async with http.stream("POST", url + "/chat/completions", json=body) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: {"):
+                json.loads(line[6:])
+    return time.perf_counter() - start
+
+
+async def read_figures(turns: int, chunks: int) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    fake = subprocess.Popen([sys.executable, str(ROOT / "bench" / "stream.py"), "--serve-fake", str(port),
+                             "--chunks", str(chunks)], cwd=ROOT, stderr=subprocess.DEVNULL)
+    try:
+        await wait_up(url + "/models")
+        provider = OpenAIProvider(ProviderProfile("p", "openai", base_url=url))
+        async with httpx.AsyncClient(timeout=30) as http:
+            for _ in range(2):  # warm both paths (connections, imports)
+                await bare_turn(http, url)
+                await provider_turn(provider)
+            bare = min([await bare_turn(http, url) for _ in range(turns)])
+            ours = min([await provider_turn(provider) for _ in range(turns)])
+        await provider.aclose()
+    finally:
+        fake.terminate()
+        fake.wait(10)
+    print(f"provider read ({chunks} chunks, best of {turns})  {ours / chunks * 1e6:6.2f} us/chunk   "
+          f"httpx aiter_lines + json {bare / chunks * 1e6:6.2f}   ratio {ours / bare:5.2f}x")
+
+
+async def wait_up(url: str) -> None:
+    async with httpx.AsyncClient(timeout=1) as http:
+        for _ in range(300):
+            try:
+                await http.get(url)
+                return
+            except httpx.TransportError:
+                await anyio.sleep(0.1)
+    raise RuntimeError("fake provider did not start")
+
+
+def main(chunks: int = 2000, turns: int = 20) -> None:
+    decoder_figures(chunks)
+    anyio.run(read_figures, turns, chunks)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--chunks", type=int, default=2000)
+    parser.add_argument("--turns", type=int, default=20)
+    args = parser.parse_args()
+    main(args.chunks, args.turns)
