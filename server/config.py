@@ -76,6 +76,14 @@ PROVIDER_SCHEMA: tuple[Setting, ...] = (
     Setting("price_input_per_mtok", float, 0.0, "USD per million input tokens (0 = no cost)."),
     Setting("price_output_per_mtok", float, 0.0, "USD per million output tokens."),
     Setting("timeout_seconds", float, 120.0, "Read timeout of one provider call."),
+    Setting("idle_timeout_seconds", float, 120.0,
+            "A reply with no content (only keep-alives) this long ends as `unavailable`."),
+    Setting("max_line_bytes", int, 1024 * 1024,
+            "Longest SSE/NDJSON line accepted; a longer one is a `protocol_error`."),
+    Setting("max_connections", int, 1000, "Connections open to this provider at once (all kept alive)."),
+    Setting("pool_timeout_seconds", float, 1.0,
+            "Wait this long for a free connection, then answer `overloaded`."),
+    Setting("keepalive_expiry_seconds", float, 20.0, "Close a connection idle this long."),
     Setting("delay_ms", int, 25, "demo only: pause between streamed pieces."),
     Setting("tools", bool, True, "Offer the built-in tools to this provider's models."),
     Setting("num_ctx", int, 0, "ollama only: options.num_ctx sent with each call; 0 = server default."),
@@ -153,6 +161,11 @@ class ProviderProfile:
     price_input_per_mtok: float = 0.0
     price_output_per_mtok: float = 0.0
     timeout_seconds: float = 120.0
+    idle_timeout_seconds: float = 120.0
+    max_line_bytes: int = 1024 * 1024
+    max_connections: int = 1000
+    pool_timeout_seconds: float = 1.0
+    keepalive_expiry_seconds: float = 20.0
     delay_ms: int = 25
     tools: bool = True
     num_ctx: int = 0

@@ -1,9 +1,12 @@
 """Incremental decoders for streamed provider replies: lines, Server-Sent Events, NDJSON.
 
 Network chunks can split anywhere: inside a UTF-8 character, inside ``\\r\\n``, inside a field name.
-``LineDecoder.feed(bytes)`` returns only the lines completed so far and keeps the rest, so each byte
-is scanned once however small the chunks are. A line ends at ``\\n``, ``\\r\\n`` or a lone ``\\r``
-(the SSE rule; harmless for NDJSON, where a raw CR can only be whitespace between values).
+``LineDecoder.feed(bytes)`` returns only the lines completed so far and keeps the rest. A line ends at
+``\\n``, ``\\r\\n`` or a lone ``\\r`` (the SSE rule; harmless for NDJSON, where a raw CR can only be
+whitespace between values). Lines are cut on bytes (those bytes never occur inside a UTF-8 sequence),
+so each chunk's complete lines are decoded with one ``bytes.decode`` and split with one ``str.split``:
+no per-character work in Python. A line longer than ``max_line_bytes`` raises ``LineTooLong`` as
+soon as it is known to be too long, so a provider cannot grow memory with one endless line.
 
 ``SSEDecoder`` follows the WHATWG event-stream rules: ``event:``, multi-line ``data:`` (joined with
 ``\\n``), ``id:``, ``retry:``, ``:`` comments, a blank line dispatches. One deliberate difference: at
@@ -13,58 +16,79 @@ right after its last ``data:`` line still delivers it. Invalid UTF-8 becomes U+F
 
 from __future__ import annotations
 
-import codecs
 import json
-import re
-from collections.abc import AsyncGenerator, AsyncIterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-_LINE_END = re.compile(r"\r\n|\r|\n")
+DEFAULT_MAX_LINE_BYTES = 1024 * 1024
+
+
+class LineTooLong(ValueError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"a line longer than {limit} bytes")
+        self.limit = limit
 
 
 class LineDecoder:
     """Bytes in, complete text lines out (without their line ending)."""
 
-    def __init__(self) -> None:
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._parts: list[str] = []
+    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        self._max = max_line_bytes
+        self._pending: list[bytes] = []  # the unfinished line, in the pieces it came in
+        self._pending_size = 0
         # A chunk ending in "\r" has ended its line; a "\n" opening the next chunk belongs to it.
         self._skip_lf = False
 
     def feed(self, data: bytes) -> list[str]:
-        return self._split(self._utf8.decode(data))
+        if self._skip_lf and data:
+            self._skip_lf = False
+            if data[0] == 10:  # b"\n"
+                data = data[1:]
+        end = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+        if not end:
+            self._keep(data)
+            return []
+        head = data if end == len(data) else data[:end]
+        if self._pending:
+            head = b"".join(self._pending) + head
+            self._pending.clear()
+            self._pending_size = 0
+        self._skip_lf = end == len(data) and data[-1] == 13  # b"\r"
+        lines = self._split(head)
+        if end < len(data):
+            self._keep(data[end:])
+        return lines
 
     def flush(self) -> list[str]:
-        lines = self._split(self._utf8.decode(b"", final=True))
-        if self._parts:
-            lines.append("".join(self._parts))
-            self._parts.clear()
-        return lines
-
-    def _split(self, text: str) -> list[str]:
-        if not text:
+        if not self._pending:
             return []
-        if self._skip_lf:
-            self._skip_lf = False
-            text = text[1:] if text[0] == "\n" else text
-        lines: list[str] = []
-        start = 0
-        for match in _LINE_END.finditer(text):
-            piece = text[start : match.start()]
-            if self._parts:
-                piece = "".join(self._parts) + piece
-                self._parts.clear()
-            lines.append(piece)
-            start = match.end()
-        if start < len(text):
-            self._parts.append(text[start:])
-        elif text.endswith("\r"):
-            self._skip_lf = True
+        line = b"".join(self._pending).decode("utf-8", "replace")
+        self._pending.clear()
+        self._pending_size = 0
+        return [line]
+
+    def _split(self, head: bytes) -> list[str]:
+        text = head.decode("utf-8", "replace")
+        if "\r" in text:
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        lines = text.split("\n")
+        lines.pop()  # the empty string after the last line ending
+        if len(head) > self._max and any(len(line.encode("utf-8", "surrogatepass")) > self._max
+                                          for line in lines):
+            raise LineTooLong(self._max)
         return lines
 
+    def _keep(self, data: bytes) -> None:
+        if not data:
+            return
+        self._pending_size += len(data)
+        if self._pending_size > self._max:
+            raise LineTooLong(self._max)
+        self._pending.append(data)
 
-@dataclass(frozen=True)
+
+@dataclass(slots=True)
 class SSEEvent:
     event: str
     data: str
@@ -78,8 +102,8 @@ class SSEEvent:
 class SSEDecoder:
     """Bytes in, dispatched ``SSEEvent``s out."""
 
-    def __init__(self) -> None:
-        self._lines = LineDecoder()
+    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        self._lines = LineDecoder(max_line_bytes)
         self._event = ""
         self._data: list[str] = []
         self._id: str | None = None
@@ -97,10 +121,13 @@ class SSEDecoder:
         events: list[SSEEvent] = []
         for line in lines:
             if not line:
-                event = self._dispatch()
-                if event is not None:
-                    events.append(event)
-            elif not line.startswith(":"):
+                if self._data:
+                    events.append(self._dispatch_data())
+                else:
+                    self._event = ""  # an event with no data is not dispatched (WHATWG)
+            elif line.startswith("data: "):  # the common field, without the general parse
+                self._data.append(line[6:])
+            elif line[0] != ":":
                 self._field(line)
         return events
 
@@ -119,9 +146,14 @@ class SSEDecoder:
 
     def _dispatch(self) -> SSEEvent | None:
         if not self._data:
-            self._event = ""  # an event with no data is not dispatched (WHATWG)
+            self._event = ""
             return None
-        event = SSEEvent(self._event or "message", "\n".join(self._data), self._id, self._retry)
+        return self._dispatch_data()
+
+    def _dispatch_data(self) -> SSEEvent:
+        data = self._data
+        event = SSEEvent(self._event or "message", data[0] if len(data) == 1 else "\n".join(data),
+                         self._id, self._retry)
         self._event = ""
         self._data = []
         return event
@@ -131,8 +163,8 @@ class NDJSONDecoder:
     """Bytes in, one parsed JSON value per non-blank line out. Lines are split at once; values are
     parsed as the caller iterates, so the values before a bad line arrive before its ``ValueError``."""
 
-    def __init__(self) -> None:
-        self._lines = LineDecoder()
+    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        self._lines = LineDecoder(max_line_bytes)
 
     def feed(self, data: bytes) -> Iterator[Any]:
         return _parse(self._lines.feed(data))
@@ -145,22 +177,3 @@ def _parse(lines: list[str]) -> Iterator[Any]:
     for line in lines:
         if line.strip():
             yield json.loads(line)
-
-
-async def aiter_sse(chunks: AsyncIterable[bytes]) -> AsyncGenerator[SSEEvent, None]:
-    """Events of a byte stream, including the one ``flush`` finds at its end."""
-    decoder = SSEDecoder()
-    async for chunk in chunks:
-        for event in decoder.feed(chunk):
-            yield event
-    for event in decoder.flush():
-        yield event
-
-
-async def aiter_ndjson(chunks: AsyncIterable[bytes]) -> AsyncGenerator[Any, None]:
-    decoder = NDJSONDecoder()
-    async for chunk in chunks:
-        for value in decoder.feed(chunk):
-            yield value
-    for value in decoder.flush():
-        yield value
