@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from server.config import ProviderProfile
-from server.errors import Overloaded, ProtocolError, Unavailable
+from server.errors import AuthError, Overloaded, ProtocolError, Unavailable
 from server.history import ChatMessage
 from server.providers import build_provider
 from server.providers.base import Finish, Provider, ProviderRequest, TextDelta, ThinkingDelta
@@ -115,7 +115,8 @@ async def test_provider_error_never_shows_a_key(
     with caplog.at_level(logging.DEBUG, logger="server.providers"):
         _, error = await drain(keyed.stream(HELLO))
     await keyed.aclose()
-    assert error is not None and error.message.startswith("local: HTTP 401: Incorrect API key provided: sk-")
+    assert isinstance(error, AuthError)
+    assert error.message.startswith("local: HTTP 401: Incorrect API key provided: sk-")
     assert len(error.message) <= 300
     logged = "\n".join(record.getMessage() for record in caplog.records)
     assert "details details" in logged  # the whole body is in the debug log ...
