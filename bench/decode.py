@@ -1,14 +1,17 @@
 """Per-chunk cost of the provider read side: the SSE decoder alone, and a whole provider stream read
 (httpx + decoder + the OpenAI dialect's state) from a fake provider in its own process.
 
-    python bench/decode.py [--chunks 2000] [--turns 20]
+    python bench/decode.py [--chunks 2000] [--turns 20] [--paced-ms 1]
 
 Each figure has a baseline measured in the same run, and the ratio is what to compare between
 commits (machines differ, ratios less so):
 - decoder: ``SSEDecoder`` + ``json.loads`` per event, against the least any decoder must do
   (``bytes.split`` on blank lines + ``json.loads``), fed one event per chunk (a paced stream) and in
   4 KiB pieces (a full-speed stream);
-- provider read: ``OpenAIProvider.stream`` against ``httpx`` ``aiter_lines`` + ``json.loads``.
+- provider read: ``OpenAIProvider.stream`` against ``httpx`` ``aiter_lines`` + ``json.loads``, at full
+  speed and paced (``--paced-ms`` between events, each its own network read, as a model streams
+  them); both as this process's CPU time per chunk, which a busy shared machine disturbs less than
+  wall time.
 Nothing is asserted.
 """
 
@@ -19,7 +22,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -90,42 +93,65 @@ def decoder_figures(chunks: int) -> None:
               f"ratio {ours / floor:5.2f}x")
 
 
-async def provider_turn(provider: OpenAIProvider) -> float:
-    start = time.perf_counter()
+def serve_fake(port: int, chunks: int, paced_ms: float) -> None:
+    """Child process: the fake provider, ``chunks`` pieces a reply, ``paced_ms`` between them."""
+    import uvicorn
+
+    from tests.fakes import FakeOpenAI, Reply
+
+    fake = FakeOpenAI()
+    pieces = [f"w{i} " for i in range(chunks)]
+    fake.default = lambda body: Reply(text=pieces, usage=(100, chunks), delay=paced_ms / 1000)
+    uvicorn.run(fake.app(), host="127.0.0.1", port=port, log_level="warning")
+
+
+async def provider_turn(provider: OpenAIProvider) -> int:
+    count = 0
     async for _ in provider.stream(ProviderRequest("m", [ChatMessage("user", "hi")])):
-        pass
-    return time.perf_counter() - start
+        count += 1
+    return count
 
 
-async def bare_turn(http: httpx.AsyncClient, url: str) -> float:
-    start = time.perf_counter()
+async def bare_turn(http: httpx.AsyncClient, url: str) -> int:
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    count = 0
     async with http.stream("POST", url + "/chat/completions", json=body) as response:
         async for line in response.aiter_lines():
             if line.startswith("data: {"):
                 json.loads(line[6:])
-    return time.perf_counter() - start
+                count += 1
+    return count
 
 
-async def read_figures(turns: int, chunks: int) -> None:
+async def best(turns: int, turn: Callable[[], Awaitable[int]], clock: Callable[[], float]) -> float:
+    times = []
+    for _ in range(turns):
+        start = clock()
+        await turn()
+        times.append(clock() - start)
+    return min(times)
+
+
+async def read_figures(turns: int, chunks: int, paced_ms: float) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
-    fake = subprocess.Popen([sys.executable, str(ROOT / "bench" / "stream.py"), "--serve-fake", str(port),
-                             "--chunks", str(chunks)], cwd=ROOT, stderr=subprocess.DEVNULL)
+    fake = subprocess.Popen([sys.executable, __file__, "--serve-fake", str(port), "--chunks", str(chunks),
+                             "--paced-ms", str(paced_ms)], cwd=ROOT, stderr=subprocess.DEVNULL)
     try:
         await wait_up(url + "/models")
         provider = OpenAIProvider(ProviderProfile("p", "openai", base_url=url))
         async with httpx.AsyncClient(timeout=30) as http:
-            for _ in range(2):  # warm both paths (connections, imports)
-                await bare_turn(http, url)
-                await provider_turn(provider)
-            bare = min([await bare_turn(http, url) for _ in range(turns)])
-            ours = min([await provider_turn(provider) for _ in range(turns)])
+            await bare_turn(http, url)  # warm both paths (connections, imports)
+            await provider_turn(provider)
+            clock = time.process_time  # CPU of this process: what a chunk costs the server
+            bare = await best(turns, lambda: bare_turn(http, url), clock)
+            ours = await best(turns, lambda: provider_turn(provider), clock)
         await provider.aclose()
     finally:
         fake.terminate()
         fake.wait(10)
-    print(f"provider read ({chunks} chunks, best of {turns})  {ours / chunks * 1e6:6.2f} us/chunk   "
+    what = f"paced {paced_ms:g} ms" if paced_ms else "full speed"
+    print(f"provider read ({what}, best of {turns}) {ours / chunks * 1e6:6.2f} us/chunk   "
           f"httpx aiter_lines + json {bare / chunks * 1e6:6.2f}   ratio {ours / bare:5.2f}x")
 
 
@@ -140,14 +166,21 @@ async def wait_up(url: str) -> None:
     raise RuntimeError("fake provider did not start")
 
 
-def main(chunks: int = 2000, turns: int = 20) -> None:
+def main(chunks: int = 2000, turns: int = 20, paced_ms: float = 1.0) -> None:
     decoder_figures(chunks)
-    anyio.run(read_figures, turns, chunks)
+    anyio.run(read_figures, turns, chunks, 0.0)
+    if paced_ms:
+        anyio.run(read_figures, 3, chunks // 4, paced_ms)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--chunks", type=int, default=2000)
     parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--paced-ms", type=float, default=1.0)
+    parser.add_argument("--serve-fake", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    main(args.chunks, args.turns)
+    if args.serve_fake:
+        serve_fake(args.serve_fake, args.chunks, args.paced_ms)
+    else:
+        main(args.chunks, args.turns, args.paced_ms)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gzip
 import socket
 from collections.abc import AsyncIterator
 
@@ -272,3 +273,12 @@ async def test_openai_consumer_can_stop_a_slow_stream(
     await stream.aclose()  # what a "stop" does: the response is closed, no error escapes
     events, error = await drain(provider.stream(HELLO))
     assert error is None and _text(events) == "echo: héllo"
+
+
+async def test_openai_reads_a_compressed_stream(fake_openai: FakeOpenAI, provider: OpenAIProvider) -> None:
+    # Uncompressed streams skip httpx's decoder; a gzip one must still go through it.
+    events = [b'data: {"choices":[{"delta":{"content":"zip"},"finish_reason":null}]}\n\n',
+              b'data: {"choices":[{"delta":{},"finish_reason":"stop"}]}\n\n', b"data: [DONE]\n\n"]
+    fake_openai.enqueue(Reply(raw=gzip.compress(b"".join(events)), headers={"content-encoding": "gzip"}))
+    got, error = await drain(provider.stream(HELLO))
+    assert error is None and got == [TextDelta("zip"), Finish("stop", None)]

@@ -147,7 +147,7 @@ class HttpProvider:
         try:
             async with open_stream(self._client, alias, self._url(path), body, self._headers(),
                                    self._secrets) as response:
-                chunks = response.aiter_bytes()
+                chunks = _body_bytes(response)
                 last_event = time.monotonic()
                 async for chunk in chunks:
                     seen = False
@@ -192,6 +192,14 @@ class HttpProvider:
     async def aclose(self) -> None:
         if self._owns_client:
             await self._client.aclose()
+
+
+def _body_bytes(response: httpx.Response) -> AsyncIterator[bytes]:
+    # Without a content-encoding the decoded body is the raw body: skip httpx's decoder and
+    # re-chunker, two generator hops per network read.
+    if response.headers.get("content-encoding", "identity") == "identity":
+        return response.aiter_raw()
+    return response.aiter_bytes()
 
 
 async def _drain(chunks: AsyncIterator[bytes]) -> None:
