@@ -142,6 +142,8 @@ class HttpProvider:
 
     async def _run(self, path: str, body: Mapping[str, Any], state: StreamState,
                    decoder: Decoder) -> AsyncGenerator[StreamEvent, None]:
+        # One loop from the socket to the caller, written out: every async generator between them
+        # would cost a hop per event on the hottest path of a reply.
         alias, idle = self.profile.alias, self.profile.idle_timeout_seconds
         guard = TextGuard()
         try:
@@ -170,6 +172,8 @@ class HttpProvider:
                         for item in state.handle(event):
                             for out in guard.events(item):
                                 yield out
+                        if state.done:
+                            break
                 if state.done:
                     await _drain(chunks)
                     return
