@@ -89,6 +89,8 @@ PROVIDER_SCHEMA: tuple[Setting, ...] = (
     Setting("tools", bool, True, "Offer the built-in tools to this provider's models."),
     Setting("num_ctx", int, 0, "ollama only: options.num_ctx sent with each call; 0 = server default."),
 )
+_POSITIVE_PROVIDER_SETTINGS = ("idle_timeout_seconds", "max_line_bytes", "max_connections",
+                               "pool_timeout_seconds")
 ROUTE_SCHEMA: tuple[Setting, ...] = (
     Setting("hint", str, None, "Name a classifier rule or /hint prefix refers to."),
     Setting("provider", str, None, "Provider alias."),
@@ -299,6 +301,9 @@ def _read_providers(data: Mapping[str, Any]) -> dict[str, ProviderProfile]:
                               f"got {values['kind']!r}")
         if values["kind"] in ("openai", "anthropic", "ollama") and not values["base_url"]:
             raise ConfigError(f"{prefix}.base_url: required for kind {values['kind']!r}")
+        for key in _POSITIVE_PROVIDER_SETTINGS:  # a zero limit would refuse or drop every call
+            if values[key] <= 0:
+                raise ConfigError(f"{prefix}.{key}: must be greater than 0, got {values[key]!r}")
         for model, window in values["models"].items():
             _check_type(f"{prefix}.models.{model}", window, Setting(model, int, 0, ""))
         providers[alias] = ProviderProfile(alias=alias, **values)
