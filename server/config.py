@@ -48,6 +48,11 @@ def required(help: str) -> Any:
     return field(metadata={"help": help})
 
 
+# Provider limits that must be positive: 0 would mean "never" or "nothing", not "off".
+_POSITIVE_PROVIDER_SETTINGS = ("idle_timeout_seconds", "max_line_bytes", "max_connections",
+                               "pool_timeout_seconds")
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     host: str = setting("127.0.0.1", "Interface to listen on.")
@@ -109,6 +114,14 @@ class ProviderProfile:
     price_input_per_mtok: float = setting(0.0, "USD per million input tokens (0 = no cost).")
     price_output_per_mtok: float = setting(0.0, "USD per million output tokens.")
     timeout_seconds: float = setting(120.0, "Read timeout of one provider call.")
+    idle_timeout_seconds: float = setting(
+        120.0, "A reply with no content (only keep-alives) this long ends as `unavailable`.")
+    max_line_bytes: int = setting(
+        1024 * 1024, "Longest SSE/NDJSON line accepted; a longer one is a `protocol_error`.")
+    max_connections: int = setting(1000, "Connections open to this provider at once (all kept alive).")
+    pool_timeout_seconds: float = setting(
+        1.0, "Wait this long for a free connection, then answer `overloaded`.")
+    keepalive_expiry_seconds: float = setting(20.0, "Close a connection idle this long.")
     delay_ms: int = setting(25, "demo only: pause between streamed pieces.")
     tools: bool = setting(True, "Offer the built-in tools to this provider's models.")
     num_ctx: int = setting(0, "ollama only: options.num_ctx sent with each call; 0 = server default.")
@@ -275,6 +288,9 @@ def _read_providers(data: Mapping[str, Any]) -> dict[str, ProviderProfile]:
                               f"got {values['kind']!r}")
         if values["kind"] in ("openai", "anthropic", "ollama") and not values["base_url"]:
             raise ConfigError(f"{prefix}.base_url: required for kind {values['kind']!r}")
+        for key in _POSITIVE_PROVIDER_SETTINGS:  # a zero limit would refuse or drop every call
+            if values[key] <= 0:
+                raise ConfigError(f"{prefix}.{key}: must be greater than 0, got {values[key]!r}")
         for model, window in values["models"].items():
             _check_type(f"{prefix}.models.{model}", window, Setting(model, int, 0, ""))
         providers[alias] = ProviderProfile(alias=alias, **values)
