@@ -163,11 +163,14 @@ def chromium_path() -> str:
 
 @contextmanager
 def opened_page(browser: Browser, base: str, *, viewport: tuple[int, int] = (1100, 800),
-                color_scheme: Literal["light", "dark"] = "light") -> Iterator[Page]:
-    """A page in its own browser context; an uncaught error in the page's JavaScript fails the test."""
+                color_scheme: Literal["light", "dark"] = "light", touch: bool = False) -> Iterator[Page]:
+    """A page in its own browser context; an uncaught error in the page's JavaScript fails the test.
+
+    ``touch`` makes a phone: touch events, no hover, a coarse pointer.
+    """
     width, height = viewport
     context = browser.new_context(base_url=base, viewport={"width": width, "height": height},
-                                  color_scheme=color_scheme)
+                                  color_scheme=color_scheme, has_touch=touch, is_mobile=touch)
     context.add_init_script(SOCKET_SPY)
     page = context.new_page()
     errors: list[str] = []
