@@ -368,9 +368,12 @@ def test_a_burst_of_chunks_renders_once_per_frame(page: Page) -> None:
             const deliver = (f) => ws.dispatchEvent(new MessageEvent("message", {data: JSON.stringify(f)}));
             let renders = 0;
             const watch = new MutationObserver((records) => {
-                for (const r of records) if (r.target.classList?.contains("msg-body") && r.addedNodes.length) renders++;
+                for (const r of records) {
+                    if (r.target.classList?.contains("msg-body") && r.addedNodes.length) renders++;
+                }
             });
-            watch.observe(document.querySelector('[data-testid="conversation"]'), {childList: true, subtree: true});
+            const column = document.querySelector('[data-testid="conversation"]');
+            watch.observe(column, {childList: true, subtree: true});
             deliver({type: "accepted", id: "burst", turn_id: "t-burst", content: "burst"});
             for (let i = 0; i < 50; i++) deliver({type: "chunk", turn_id: "t-burst", content: `w${i} `});
             await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));

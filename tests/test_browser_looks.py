@@ -30,7 +30,8 @@ pytestmark = pytest.mark.browser
 
 AXE = (REPO / "tests" / "vendor" / "axe.min.js").read_text(encoding="utf-8")
 VIEWPORTS = {"desktop": (1280, 800), "phone": (390, 844)}
-SCHEMES: list[Literal["light", "dark"]] = ["light", "dark"]
+Scheme = Literal["light", "dark"]
+SCHEMES: list[Scheme] = ["light", "dark"]
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,7 @@ def fill_a_conversation(page: Page) -> None:
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("size", list(VIEWPORTS))
-def test_main_states_pass_axe(browser: Browser, base_url: str, tmp_path: Path, scheme: Literal["light", "dark"],
+def test_main_states_pass_axe(browser: Browser, base_url: str, tmp_path: Path, scheme: Scheme,
                               size: str) -> None:
     phone = size == "phone"
     with opened_page(browser, base_url, viewport=VIEWPORTS[size], color_scheme=scheme, touch=phone) as page:
@@ -97,7 +98,7 @@ def test_main_states_pass_axe(browser: Browser, base_url: str, tmp_path: Path, s
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_the_page_follows_the_system_theme(browser: Browser, base_url: str, scheme: Literal["light", "dark"]) -> None:
+def test_the_page_follows_the_system_theme(browser: Browser, base_url: str, scheme: Scheme) -> None:
     with opened_page(browser, base_url, color_scheme=scheme) as page:
         open_new_chat(page)
         send_and_wait(page, "echo ```js\nconst x = 'y';\n```")
@@ -110,7 +111,7 @@ def test_the_page_follows_the_system_theme(browser: Browser, base_url: str, sche
         assert colour == ("rgb(208, 156, 242)" if scheme == "dark" else "rgb(138, 63, 184)")
 
 
-def test_a_phone_shows_actions_without_hover_and_never_scrolls_sideways(browser: Browser, base_url: str) -> None:
+def test_a_phone_shows_actions_without_hover_and_fits_the_width(browser: Browser, base_url: str) -> None:
     with opened_page(browser, base_url, viewport=VIEWPORTS["phone"], touch=True) as page:
         open_new_chat(page)
         send_and_wait(page, "echo a reply on a small screen with a rather long line of text in it to wrap")

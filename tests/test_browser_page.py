@@ -109,10 +109,12 @@ def test_meter_breakdown_shows_the_numbers_of_the_last_context_frame(page: Page)
     page.get_by_test_id("meter-toggle").click()
     expect(breakdown).to_be_visible()
     expect(page.get_by_test_id("meter-toggle")).to_have_attribute("aria-expanded", "true")
-    expect(page.get_by_test_id("breakdown-route")).to_have_text(f"{frame['provider']}/{frame['model']} ({frame['route_kind']})")
-    expect(page.get_by_test_id("breakdown-tokens")).to_contain_text(f"{fmt(frame['estimated_tokens'])} tokens")
-    expect(page.get_by_test_id("breakdown-budget")).to_have_text(f"{fmt(frame['context_token_budget'])} tokens")
-    expect(page.get_by_test_id("breakdown-window")).to_have_text(f"{fmt(frame['model_context_window'])} tokens")
+    row = page.get_by_test_id
+    route = f"{frame['provider']}/{frame['model']} ({frame['route_kind']})"
+    expect(row("breakdown-route")).to_have_text(route)
+    expect(row("breakdown-tokens")).to_contain_text(f"{fmt(frame['estimated_tokens'])} tokens")
+    expect(row("breakdown-budget")).to_have_text(f"{fmt(frame['context_token_budget'])} tokens")
+    expect(row("breakdown-window")).to_have_text(f"{fmt(frame['model_context_window'])} tokens")
     expect(page.get_by_test_id("breakdown-window-source")).to_have_text("configuration")
     expect(page.get_by_test_id("breakdown-trims")).to_have_text("No trims this session")
     expect(page.get_by_test_id("breakdown-calibration")).to_have_count(0)  # absent from the frame
@@ -121,7 +123,8 @@ def test_meter_breakdown_shows_the_numbers_of_the_last_context_frame(page: Page)
     full = {
         "type": "context", "provider": "p", "model": "m", "route_kind": "hint", "reason": "usage",
         "estimated_tokens": 1234, "tokens_source": "provider", "context_token_budget": 3000,
-        "model_context_window": 8192, "window_source": "provider", "trim_preview": {"turns": 2, "tokens": 456},
+        "model_context_window": 8192, "window_source": "provider",
+        "trim_preview": {"turns": 2, "tokens": 456},
         "calibration_ratio": 1.25, "system_tokens": 120, "reply_reserve": 1024,
     }
     feed(page, full)
@@ -149,7 +152,8 @@ def test_breakdown_lists_the_trims_of_this_session(page: Page) -> None:
     expect(items).to_have_count(len(trims))
     first = trims[0]
     expect(items.first).to_contain_text(f"{first['dropped_turns']} turn")
-    expect(items.first).to_contain_text(f"{fmt(first['tokens_before'])} → {fmt(first['tokens_after'])} tokens")
+    tokens = f"{fmt(first['tokens_before'])} → {fmt(first['tokens_after'])} tokens"
+    expect(items.first).to_contain_text(tokens)
     last = received(page, "context")[-1]
     expect(page.get_by_test_id("breakdown-tokens")).to_contain_text(f"{fmt(last['estimated_tokens'])} tokens")
 
@@ -209,7 +213,8 @@ def test_keyboard_shortcuts_and_up_to_edit_the_last_message(page: Page) -> None:
     box.press("Enter")
     expect(page.locator(DONE).last.locator(".msg-body")).to_have_text("second try")
     assert sent(page, "message")[-1].get("retry_of") == old_turn
-    expect(page.locator(f'[data-role="user"][data-turn-id="{old_turn}"]')).to_have_attribute("data-excluded", "replaced by an edit")
+    old_user = page.locator(f'[data-role="user"][data-turn-id="{old_turn}"]')
+    expect(old_user).to_have_attribute("data-excluded", "replaced by an edit")
     expect(page.get_by_test_id("edit-note")).to_be_hidden()
 
     page.keyboard.press("Control+k")
@@ -227,7 +232,8 @@ def test_regenerate_replaces_the_last_reply_and_keeps_the_old_one(page: Page) ->
     row.hover()
     row.get_by_test_id("regenerate").click()
     expect(page.locator(DONE)).to_have_count(2)
-    assert sent(page, "message")[-1] == {**sent(page, "message")[-1], "content": "echo once more", "retry_of": old_turn}
+    again = sent(page, "message")[-1]
+    assert (again["content"], again.get("retry_of")) == ("echo once more", old_turn)
     old = page.locator(f'[data-role="assistant"][data-turn-id="{old_turn}"]')
     expect(old).to_have_attribute("data-excluded", "replaced by a regenerated reply")
     expect(page.locator(".msg-row.assistant").first.get_by_test_id("regenerate")).to_be_hidden()
@@ -253,8 +259,8 @@ def test_scrolled_up_reader_gets_a_button_back_to_the_stream(browser: Browser, t
             conversation.evaluate("(el) => el.scrollTo(0, 0)")
             expect(button).to_be_visible()
             button.click()
-            page.wait_for_function(
-                "(el) => el.scrollHeight - el.scrollTop - el.clientHeight < 240", arg=conversation.element_handle())
+            at_bottom = "(el) => el.scrollHeight - el.scrollTop - el.clientHeight < 240"
+            page.wait_for_function(at_bottom, arg=conversation.element_handle())
             expect(page.locator(DONE)).to_have_count(1, timeout=60_000)
             expect(button).to_be_hidden()
 
@@ -273,6 +279,7 @@ def test_a_wrong_token_asks_again(browser: Browser, tmp_path: Path) -> None:
             expect(page.get_by_test_id("connection-status")).to_have_attribute("data-status", "online")
             expect(form).to_be_hidden()
             # A server that accepts and then closes with 4401 is read the same way.
-            page.evaluate("() => window.__spy.sockets.at(-1).dispatchEvent(new CloseEvent('close', {code: 4401}))")
+            close = "() => window.__spy.sockets.at(-1).dispatchEvent(new CloseEvent('close', {code: 4401}))"
+            page.evaluate(close)
             expect(form).to_be_visible()
             assert page.evaluate("() => localStorage.getItem('meterchat.token')") is None

@@ -151,7 +151,7 @@ function setTitle(title) {
 function setStatus(status) {
   const badge = $("connection-status");
   badge.dataset.status = status;
-  badge.textContent = { online: "connected", connecting: "connecting…", offline: "reconnecting…" }[status];
+  badge.textContent = { online: "connected", connecting: "connecting…", offline: "reconnecting…", locked: "access token needed" }[status];
   composer.setConnected(status === "online");
 }
 
@@ -195,6 +195,7 @@ function tokenWrong() {
 }
 
 function askForToken(message = "") {
+  setStatus("locked");
   const dialog = $("token-form");
   $("token-error").textContent = message;
   dialog.hidden = false;

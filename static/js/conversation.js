@@ -20,6 +20,7 @@ export class ConversationView {
     this.nodes = new Map(); // item key -> the node placed in the column (a row for messages)
     this.inner = new Map(); // item key -> the message node itself
     this.rendered = new Map(); // item key -> the text its body shows
+    this.toolSignatures = new WeakMap(); // tools box -> the calls it shows
     this.handlers = {};
     this.lastUserKey = null;
     this.lastReplyKey = null;
@@ -113,7 +114,12 @@ export class ConversationView {
   }
 
   fillTools(box, tools) {
-    box.replaceChildren(...tools.map(toolCallNode));
+    // Rebuilt only when a call starts or ends, so a tool the reader opened stays open as text streams.
+    const signature = tools.map((t) => `${t.id}:${t.state}`).join(",");
+    if (this.toolSignatures.get(box) === signature) return;
+    this.toolSignatures.set(box, signature);
+    const open = new Set([...box.querySelectorAll("details[open]")].map((d) => d.dataset.toolCallId));
+    box.replaceChildren(...tools.map((call) => toolCallNode(call, open.has(call.id))));
   }
 
   actions(entry) {
@@ -230,11 +236,11 @@ function trimNotice(f) {
   return el("div", { class: "notice trim", "data-testid": "trim-notice", dataset: { reason: f.reason } }, `${text}.`);
 }
 
-function toolCallNode(call) {
+function toolCallNode(call, open = false) {
   const args = typeof call.args === "string" ? call.args : JSON.stringify(call.args ?? {}, null, 2);
   const node = el(
     "details",
-    { class: "tool", dataset: { toolCallId: call.id, state: call.state } },
+    { class: "tool", open, dataset: { toolCallId: call.id, state: call.state } },
     el("summary", {}, "Tool ", el("code", { text: call.name })),
     el("pre", { class: "tool-args", text: args }),
   );
