@@ -236,7 +236,18 @@ def test_regenerate_replaces_the_last_reply_and_keeps_the_old_one(page: Page) ->
     assert (again["content"], again.get("retry_of")) == ("echo once more", old_turn)
     old = page.locator(f'[data-role="assistant"][data-turn-id="{old_turn}"]')
     expect(old).to_have_attribute("data-excluded", "replaced by a regenerated reply")
-    expect(page.locator(".msg-row.assistant").first.get_by_test_id("regenerate")).to_be_hidden()
+    expect(old).to_be_hidden()  # one version at a time; the pager flips between them
+    new = page.locator(DONE).last
+    expect(new.get_by_test_id("version-label")).to_have_text("2 / 2")
+    expect(page.locator('[data-role="user"]:visible')).to_have_count(1)
+    new.get_by_role("button", name="Previous version").click()
+    expect(old).to_be_visible()
+    expect(new).to_be_hidden()
+    expect(old.get_by_test_id("version-label")).to_have_text("1 / 2")
+    expect(old.get_by_role("button", name="Previous version")).to_be_disabled()
+    old.get_by_role("button", name="Next version").click()
+    expect(new).to_be_visible()
+    expect(old).to_be_hidden()
 
 
 def test_finished_replies_are_announced_politely(page: Page) -> None:

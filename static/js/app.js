@@ -55,6 +55,7 @@ transcript.on((change, subject, extra) => {
 
 view.bind("copy", (entry) => copyText(entry.text));
 view.bind("edit", (entry) => editTurn(entry));
+view.bind("flip", (entry, step) => transcript.flip(entry.turnId, step));
 view.bind("regenerate", (entry) => {
   const user = transcript.userOfTurn(entry.turnId);
   if (user && composer.connected && !transcript.streaming) sendMessage(user.text, [], entry.turnId, "replaced by a regenerated reply");
@@ -72,7 +73,7 @@ function sendMessage(content, images, retryOf = null, why = "replaced by a retry
   if (images.length) frame.images = images.map(({ media_type, data }) => ({ media_type, data }));
   if (!connection.send(frame)) return false;
   lastSent = { content, images };
-  if (retryOf) transcript.setAside(retryOf, why);
+  if (retryOf) transcript.replaceTurn(retryOf, id, why);
   // `/model` is a command the server answers with a context or error frame, not a turn.
   if (/^\/model(\s|$)/.test(content)) transcript.addCommand(content);
   else transcript.addPendingUser(id, content, images.map((i) => i.dataUrl));

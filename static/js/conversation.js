@@ -21,6 +21,7 @@ export class ConversationView {
     this.inner = new Map(); // item key -> the message node itself
     this.rendered = new Map(); // item key -> the text its body shows
     this.toolSignatures = new WeakMap(); // tools box -> the calls it shows
+    this.versionShown = new Map(); // item key -> the "i/n" its version pager shows
     this.handlers = {};
     this.lastUserKey = null;
     this.lastReplyKey = null;
@@ -80,10 +81,13 @@ export class ConversationView {
     // Actions sit beside the message, not in it: the message's text stays exactly its content.
     const placed = entry.kind === "user" || entry.kind === "assistant" ? el("div", { class: `msg-row ${entry.kind}` }, node, this.actions(entry)) : node;
     this.nodes.set(entry.key, placed);
+    placed.hidden = Boolean(entry.versionHidden);
     return placed;
   }
 
   decorate(node, entry) {
+    const placed = this.nodes.get(entry.key);
+    if (placed) placed.hidden = Boolean(entry.versionHidden);
     const d = node.dataset;
     setData(d, "role", entry.role);
     setData(d, "state", entry.state);
@@ -104,6 +108,7 @@ export class ConversationView {
     thinking.hidden = !entry.thinking;
     thinking.querySelector(".thinking-text").textContent = entry.thinking || "";
     this.fillTools(node.querySelector(".tools"), entry.tools || []);
+    this.fillVersions(node.querySelector(".versions"), entry);
     node.querySelector(".msg-foot").textContent = entry.foot || "";
     const body = node.querySelector(".msg-body");
     if (this.rendered.get(entry.key) === entry.text) return;
@@ -120,6 +125,22 @@ export class ConversationView {
     this.toolSignatures.set(box, signature);
     const open = new Set([...box.querySelectorAll("details[open]")].map((d) => d.dataset.toolCallId));
     box.replaceChildren(...tools.map((call) => toolCallNode(call, open.has(call.id))));
+  }
+
+  fillVersions(box, entry) {
+    const v = entry.version;
+    const label = v && v.count > 1 ? `${v.index} / ${v.count}` : "";
+    if (this.versionShown.get(entry.key) === label) return;
+    this.versionShown.set(entry.key, label);
+    box.replaceChildren();
+    if (!label) return;
+    const flip = (step, text, name, disabled) =>
+      el("button", { type: "button", class: "act", "aria-label": name, disabled, text, onclick: () => this.handlers.flip?.(entry, step) });
+    box.append(
+      flip(-1, "‹", "Previous version", v.index === 1),
+      el("span", { "data-testid": "version-label", text: label }),
+      flip(1, "›", "Next version", v.index === v.count),
+    );
   }
 
   actions(entry) {
@@ -201,7 +222,7 @@ const BUILDERS = {
     el(
       "article",
       { class: "msg assistant" },
-      el("div", { class: "msg-meta" }, el("span", { class: "route", "data-testid": "reply-route" })),
+      el("div", { class: "msg-meta" }, el("span", { class: "route", "data-testid": "reply-route" }), el("span", { class: "versions", "data-testid": "versions" })),
       el("details", { class: "thinking", hidden: true }, el("summary", { text: "Thinking" }), el("div", { class: "thinking-text" })),
       el("div", { class: "tools" }),
       el("div", { class: "msg-body markdown" }),

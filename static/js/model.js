@@ -19,6 +19,8 @@ export class Transcript {
     this.replies = new Map(); // turn_id -> the reply item that grows next
     this.pendingTurn = null; // the turn a coming `route` frame belongs to
     this.trims = []; // this session's history_trimmed frames, oldest first
+    this.replacing = new Map(); // client message id -> the turn it replaces (edit, regenerate)
+    this.versions = new Map(); // turn_id -> {turns, shown}: a turn and the turns that replaced it
     this.listeners = [];
   }
 
@@ -72,6 +74,7 @@ export class Transcript {
   reset(messages) {
     this.items = [];
     this.replies.clear();
+    this.versions.clear();
     this.pendingTurn = null;
     for (const message of messages) this.items.push(...this.stored(message));
     this.emit("reset", this.items);
@@ -111,12 +114,18 @@ export class Transcript {
     const entry = found || this.add(item("user", { role: "user", clientId: f.id, messageId: f.id, text: f.content, imageCount: f.images || 0 }));
     this.update(entry, { state: "sent", turnId: f.turn_id });
     this.pendingTurn = f.turn_id;
+    const replaced = this.replacing.get(f.id);
+    if (replaced) {
+      this.replacing.delete(f.id);
+      this.linkVersion(replaced, f.turn_id);
+    }
   }
 
   reply(turnId) {
     let entry = this.replies.get(turnId);
     if (!entry) {
-      entry = this.add(item("assistant", { role: "assistant", turnId, state: "streaming", text: "", thinking: "", tools: [], foot: "", route: "" }));
+      const version = this.versionLabel(turnId);
+      entry = this.add(item("assistant", { role: "assistant", turnId, state: "streaming", text: "", thinking: "", tools: [], foot: "", route: "", version }));
       this.replies.set(turnId, entry);
     }
     return entry;
@@ -217,6 +226,43 @@ export class Transcript {
       if (turn && !entry.trimmed && !skip.has(turn) && !order.includes(turn)) order.push(turn);
     }
     return order.slice(0, count);
+  }
+
+  // ----- versions: a turn replaced by an edit or a regenerate, and the turns that replaced it -----
+
+  replaceTurn(turnId, clientId, why) {
+    this.setAside(turnId, why);
+    this.replacing.set(clientId, turnId);
+  }
+
+  linkVersion(oldTurn, newTurn) {
+    const group = this.versions.get(oldTurn) || { turns: [oldTurn], shown: 0 };
+    group.turns.push(newTurn);
+    group.shown = group.turns.length - 1;
+    this.versions.set(oldTurn, group);
+    this.versions.set(newTurn, group);
+    this.showVersion(group);
+  }
+
+  // Steps the shown version of a turn back (-1) or forward (+1); the others stay in the model, hidden.
+  flip(turnId, step) {
+    const group = this.versions.get(turnId);
+    if (!group) return;
+    group.shown = Math.min(group.turns.length - 1, Math.max(0, group.shown + step));
+    this.showVersion(group);
+  }
+
+  showVersion(group) {
+    const shown = group.turns[group.shown];
+    for (const entry of this.items) {
+      if (!group.turns.includes(entry.turnId)) continue;
+      this.update(entry, { versionHidden: entry.turnId !== shown, version: this.versionLabel(entry.turnId) });
+    }
+  }
+
+  versionLabel(turnId) {
+    const group = this.versions.get(turnId);
+    return group ? { index: group.turns.indexOf(turnId) + 1, count: group.turns.length } : null;
   }
 
   setAside(turnId, why) {
