@@ -200,6 +200,23 @@ def test_sidebar_groups_by_day_counts_messages_and_keeps_actions_in_a_menu(page:
     expect(page.locator(f'[data-session-id="{second}"]')).to_be_visible()
 
 
+def test_sessions_fall_into_today_yesterday_and_earlier(page: Page) -> None:
+    open_new_chat(page)
+    groups = page.evaluate(
+        """async () => {
+            const { groupByDay } = await import("/static/js/sessions.js");
+            const now = new Date(2026, 10, 29, 9, 0);
+            const at = (d, h) => new Date(2026, 10, d, h, 0).toISOString();
+            const sessions = [
+                {id: "a", updated_at: at(29, 8)}, {id: "b", updated_at: at(28, 23)},
+                {id: "c", updated_at: at(28, 0)}, {id: "d", updated_at: at(27, 23)},
+            ];
+            return groupByDay(sessions, now).map(([label, items]) => [label, items.map((s) => s.id)]);
+        }"""
+    )
+    assert groups == [["Today", ["a"]], ["Yesterday", ["b", "c"]], ["Earlier", ["d"]]]
+
+
 def test_keyboard_shortcuts_and_up_to_edit_the_last_message(page: Page) -> None:
     first = open_new_chat(page)
     send_and_wait(page, "echo first try")

@@ -17,6 +17,7 @@ export class Sessions {
     this.onError = onError;
     this.sessions = []; // the last list the server sent; the one state the sidebar renders from
     this.renaming = null; // id of the session whose title is being typed
+    this.stale = false; // a list arrived while a menu or a rename was open
     this.openMenu = null; // {button, menu} of the open row menu
     this.refreshing = null;
     this.again = false;
@@ -63,8 +64,9 @@ export class Sessions {
   }
 
   render() {
-    if (this.renaming) return; // never clobber a title being typed
-    this.closeMenu();
+    // Never clobber a title being typed or a menu in use; the list catches up when they close.
+    this.stale = Boolean(this.renaming || this.openMenu);
+    if (this.stale) return;
     const query = this.search.value.trim().toLowerCase();
     const shown = this.sessions.filter((s) => !query || (s.title || "Untitled").toLowerCase().includes(query));
     const groups = groupByDay(shown);
@@ -134,6 +136,7 @@ export class Sessions {
     this.openMenu.menu.hidden = true;
     this.openMenu.button.setAttribute("aria-expanded", "false");
     this.openMenu = null;
+    if (this.stale) this.render();
   }
 
   menuKey(event, menu, button) {
@@ -169,10 +172,10 @@ export class Sessions {
   }
 
   startRename(li, s) {
+    this.renaming = s.id; // first: closing the menu must not re-render the row being edited
     this.closeMenu();
     const input = el("input", { type: "text", class: "rename-input", "data-testid": "session-rename-input", "aria-label": "Session title" });
     input.value = s.title || "";
-    this.renaming = s.id;
     li.querySelector(".session-link").replaceWith(input);
     input.focus();
     input.select();
@@ -212,7 +215,10 @@ export class Sessions {
     try {
       await api(`/api/sessions/${encodeURIComponent(s.id)}`, { method: "DELETE" });
       if (s.id === this.currentId) location.assign("/");
-      else this.refresh();
+      else {
+        this.closeMenu();
+        this.refresh();
+      }
     } catch (error) {
       this.onError(`Delete failed: ${error.message}`);
     }
