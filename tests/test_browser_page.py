@@ -311,3 +311,20 @@ def test_a_wrong_token_asks_again(browser: Browser, tmp_path: Path) -> None:
             page.evaluate(close)
             expect(form).to_be_visible()
             assert page.evaluate("() => localStorage.getItem('meterchat.token')") is None
+
+
+def test_an_opened_tool_stays_open_while_the_reply_streams(page: Page) -> None:
+    open_new_chat(page)
+    feed(page, {"type": "accepted", "id": "m-tool", "turn_id": "t-tool", "content": "look"})
+    call = {"turn_id": "t-tool", "id": "c1", "name": "lookup_document"}
+    feed(page, {"type": "tool_call", **call, "args": {"title": "x"}})
+    feed(page, {"type": "tool_result", **call, "output": "text"})
+    tool = page.locator('[data-tool-call-id="c1"]')
+    expect(tool).to_have_attribute("data-state", "done")
+    tool.locator("summary").click()
+    expect(tool.locator(".tool-output")).to_be_visible()
+    for i in range(5):
+        feed(page, {"type": "chunk", "turn_id": "t-tool", "content": f"w{i} "})
+    body = page.locator('[data-turn-id="t-tool"][data-role="assistant"] .msg-body')
+    expect(body).to_have_text("w0 w1 w2 w3 w4")
+    expect(tool.locator(".tool-output")).to_be_visible()

@@ -21,6 +21,7 @@ export class ConversationView {
     this.inner = new Map(); // item key -> the message node itself
     this.rendered = new Map(); // item key -> the text its body shows
     this.toolSignatures = new WeakMap(); // tools box -> the calls it shows
+    this.openTools = new Set(); // ids of the tool calls the reader opened
     this.versionShown = new Map(); // item key -> the "i/n" its version pager shows
     this.handlers = {};
     this.lastUserKey = null;
@@ -123,8 +124,7 @@ export class ConversationView {
     const signature = tools.map((t) => `${t.id}:${t.state}`).join(",");
     if (this.toolSignatures.get(box) === signature) return;
     this.toolSignatures.set(box, signature);
-    const open = new Set([...box.querySelectorAll("details[open]")].map((d) => d.dataset.toolCallId));
-    box.replaceChildren(...tools.map((call) => toolCallNode(call, open.has(call.id))));
+    box.replaceChildren(...tools.map((call) => toolCallNode(call, this.openTools)));
   }
 
   fillVersions(box, entry) {
@@ -257,15 +257,16 @@ function trimNotice(f) {
   return el("div", { class: "notice trim", "data-testid": "trim-notice", dataset: { reason: f.reason } }, `${text}.`);
 }
 
-function toolCallNode(call, open = false) {
+function toolCallNode(call, openTools) {
   const args = typeof call.args === "string" ? call.args : JSON.stringify(call.args ?? {}, null, 2);
   const node = el(
     "details",
-    { class: "tool", open, dataset: { toolCallId: call.id, state: call.state } },
+    { class: "tool", open: openTools.has(call.id), dataset: { toolCallId: call.id, state: call.state } },
     el("summary", {}, "Tool ", el("code", { text: call.name })),
     el("pre", { class: "tool-args", text: args }),
   );
   if (call.output !== undefined) node.append(toolOutput(call.output));
+  node.addEventListener("toggle", () => (node.open ? openTools.add(call.id) : openTools.delete(call.id)));
   return node;
 }
 
