@@ -21,7 +21,7 @@ takeTokenFromUrl();
 
 const transcript = new Transcript();
 const view = new ConversationView($("conversation"), $("scroll-bottom"));
-const welcome = new Welcome($("welcome"), (text) => composer.edit(text, null));
+const welcome = new Welcome($("welcome"), (text) => composer.render("edit", { text, turnId: null }));
 const meter = new Meter($("meter"));
 const sessions = new Sessions($("sidebar"), {
   currentId: pathMatch ? decodeURIComponent(pathMatch[1]) : null,
@@ -29,13 +29,11 @@ const sessions = new Sessions($("sidebar"), {
 });
 let lastSent = null;
 
-const composer = new Composer($("composer"), {
-  onSend: (content, images, replaces) => sendMessage(content, images, replaces, "replaced by an edit"),
-  onStop: () => connection.send({ type: "stop" }),
-  onSwitch: (route) => connection.send({ type: "switch_model", route }),
-  onEditLast: () => editTurn(transcript.lastUser()),
-  maxImageBytes: config.max_image_bytes,
-});
+const composer = new Composer($("composer"), { maxImageBytes: config.max_image_bytes });
+composer.bind("send", (content, images, replaces) => sendMessage(content, images, replaces, "replaced by an edit"));
+composer.bind("stop", () => connection.send({ type: "stop" }));
+composer.bind("switch", (route) => connection.send({ type: "switch_model", route }));
+composer.bind("editLast", () => editTurn(transcript.lastUser()));
 
 const connection = new Connection({
   url: socketUrl(),
@@ -62,7 +60,7 @@ view.bind("regenerate", (entry) => {
 });
 
 function editTurn(user) {
-  if (user && user.turnId && !transcript.streaming) composer.edit(user.text, user.turnId);
+  if (user && user.turnId && !transcript.streaming) composer.render("edit", { text: user.text, turnId: user.turnId });
 }
 
 // retryOf: the turn this message replaces (a failed turn, an edited message, a regenerated reply).
@@ -86,7 +84,7 @@ const handlers = {
     const path = `/s/${encodeURIComponent(f.session_id)}`;
     if (location.pathname !== path) history.replaceState(null, "", path);
     sessions.setCurrent(f.session_id);
-    composer.setRoutes(f.routes, f.route);
+    composer.render("routes", { routes: f.routes, current: f.route });
     welcome.setRoutes(f.routes || []);
     welcome.render(transcript.items.length === 0);
     setTitle(f.title);
@@ -100,9 +98,9 @@ const handlers = {
   accepted: (f) => transcript.accepted(f),
   context(f) {
     meter.render("context", f);
-    composer.setTrimPreview(f.trim_preview);
+    composer.render("trimPreview", f.trim_preview);
     // Hints and fallbacks serve one call; only a switch or the default is the session's choice.
-    if (f.route_kind === "switch" || f.route_kind === "default") composer.showRoute(f.provider, f.model);
+    if (f.route_kind === "switch" || f.route_kind === "default") composer.render("route", f);
     if (f.reason === "switch") sessions.refresh(); // the sidebar lists each session's route
   },
   route: (f) => transcript.route(f),
@@ -140,7 +138,7 @@ function handle(frame) {
 }
 
 function syncStreaming() {
-  composer.setStreaming(transcript.streaming);
+  composer.render("streaming", transcript.streaming);
   view.render("streaming", transcript.streaming);
 }
 
@@ -153,7 +151,7 @@ function setStatus(status) {
   const badge = $("connection-status");
   badge.dataset.status = status;
   badge.textContent = { online: "connected", connecting: "connecting…", offline: "reconnecting…", locked: "access token needed" }[status];
-  composer.setConnected(status === "online");
+  composer.render("connected", status === "online");
 }
 
 function announce(entry) {

@@ -1,10 +1,11 @@
 // The input area: text box (Enter sends, Shift+Enter breaks the line), image attachments, Send and
-// Stop, the model picker and the trim preview that warns before a send drops turns.
+// Stop, the model picker and the trim preview that warns before a send drops turns. Handlers come in
+// through bind(event, handler) (send, stop, switch, editLast); state through render(command, value).
 
 import { el, fmt } from "./dom.js";
 
 export class Composer {
-  constructor(root, { onSend, onStop, onSwitch, onEditLast, maxImageBytes }) {
+  constructor(root, { maxImageBytes }) {
     this.q = (id) => root.querySelector(`[data-testid="${id}"]`);
     this.input = this.q("message-input");
     this.sendButton = this.q("send");
@@ -17,6 +18,11 @@ export class Composer {
     this.editing = null; // the turn a send replaces (retry_of), while the reader edits it
     this.connected = false;
     this.streaming = false;
+    this.handlers = {};
+    const onSend = (...args) => this.handlers.send?.(...args);
+    const onStop = () => this.handlers.stop?.();
+    const onSwitch = (route) => this.handlers.switch?.(route);
+    const onEditLast = () => this.handlers.editLast?.();
 
     root.querySelector("form").addEventListener("submit", (event) => {
       event.preventDefault();
@@ -42,6 +48,22 @@ export class Composer {
     this.stopButton.addEventListener("click", () => onStop());
     this.picker.addEventListener("change", () => onSwitch(this.picker.value));
     this.q("attach-input").addEventListener("change", (event) => this.attach(event.target));
+  }
+
+  bind(event, handler) {
+    this.handlers[event] = handler;
+  }
+
+  render(command, value) {
+    const commands = {
+      connected: () => this.setConnected(value),
+      streaming: () => this.setStreaming(value),
+      routes: () => this.setRoutes(value.routes, value.current),
+      route: () => this.showRoute(value.provider, value.model),
+      trimPreview: () => this.setTrimPreview(value),
+      edit: () => this.edit(value.text, value.turnId),
+    };
+    commands[command]();
   }
 
   submit(onSend) {
