@@ -16,7 +16,6 @@ from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwrig
 from tests.browser_support import (
     CHROMIUM_ARGS,
     DONE,
-    REPO,
     chromium_path,
     open_menu,
     open_new_chat,
@@ -28,7 +27,7 @@ from tests.browser_support import (
 
 pytestmark = pytest.mark.browser
 
-AXE = (REPO / "tests" / "vendor" / "axe.min.js").read_text(encoding="utf-8")
+AXE = (Path(__file__).resolve().parent / "vendor" / "axe.min.js").read_text(encoding="utf-8")
 VIEWPORTS = {"desktop": (1280, 800), "phone": (390, 844)}
 Scheme = Literal["light", "dark"]
 SCHEMES: list[Scheme] = ["light", "dark"]

@@ -9,17 +9,17 @@ import json
 import logging
 import re
 import threading
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from tests.support import run_server
 
 AUTO = "auto"
 
@@ -251,39 +251,12 @@ def _not_a_scripted_drop(record: logging.LogRecord) -> bool:
     return not (record.exc_info and isinstance(record.exc_info[1], _Dropped))
 
 
-class _Server(uvicorn.Server):
-    def install_signal_handlers(self) -> None:  # older uvicorn; signals belong to the main thread
-        pass
-
-
 @contextmanager
 def serve_in_thread(app: Any) -> Iterator[str]:
     """Serve ``app`` on 127.0.0.1, a free port; yields ``http://127.0.0.1:PORT``."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", ws="none", http="h11",
-                            log_level="warning", timeout_graceful_shutdown=1)
-    logging.getLogger("uvicorn.error").addFilter(_not_a_scripted_drop)  # after Config set up logging
-    server = _Server(config)
-    thread = threading.Thread(target=server.run, name="fake-provider", daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError("fake provider server did not start")
-            time.sleep(0.001)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop_server(server, thread)
-
-
-def stop_server(server: uvicorn.Server, thread: threading.Thread) -> None:
-    """Ask the server to exit; if a connection holds it (a stream a test left hanging), force it, and
-    never wait forever: the thread is a daemon, so a stuck one cannot keep the test run alive."""
-    server.should_exit = True
-    thread.join(5)
-    if thread.is_alive():
-        server.force_exit = True
-        thread.join(5)
+    logging.getLogger("uvicorn.error").addFilter(_not_a_scripted_drop)
+    with run_server(app, lifespan="off", ws="none", http="h11") as server:
+        yield server.url
 
 
 @contextmanager
