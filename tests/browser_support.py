@@ -12,8 +12,9 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Locator, Page, expect
 
 from tests.support import run_server
 
@@ -28,6 +29,52 @@ CHROMIUM_ARGS = [
 ASSISTANT = '[data-role="assistant"]'
 DONE = '[data-role="assistant"][data-state="done"]'
 
+# Installed before the page's scripts: records every socket the page opens and every frame it sends
+# and receives, so tests read the real traffic instead of hooks in the page's code.
+SOCKET_SPY = """
+(() => {
+  const Native = window.WebSocket;
+  const spy = { sockets: [], sent: [], received: [] };
+  window.__spy = spy;
+  window.WebSocket = class extends Native {
+    constructor(...args) {
+      super(...args);
+      spy.sockets.push(this);
+      this.addEventListener("message", (event) => {
+        try { spy.received.push(JSON.parse(event.data)); } catch { /* not JSON */ }
+      });
+    }
+    send(data) {
+      try { spy.sent.push(JSON.parse(data)); } catch { /* not JSON */ }
+      super.send(data);
+    }
+  };
+})();
+"""
+
+
+def feed(page: Page, frame: dict[str, object]) -> None:
+    """Deliver a server frame the demo cannot produce on cue, through the page's open socket."""
+    page.evaluate(
+        """(frame) => {
+            const ws = window.__spy.sockets.at(-1);
+            ws.dispatchEvent(new MessageEvent("message", {data: JSON.stringify(frame)}));
+        }""",
+        frame,
+    )
+
+
+def received(page: Page, frame_type: str) -> list[dict[str, object]]:
+    """The frames of one type the page has received so far, oldest first."""
+    frames: list[dict[str, object]] = page.evaluate(
+        "(type) => window.__spy.received.filter((f) => f.type === type)", frame_type)
+    return frames
+
+
+def sent(page: Page, frame_type: str) -> list[dict[str, object]]:
+    frames: list[dict[str, object]] = page.evaluate(
+        "(type) => window.__spy.sent.filter((f) => f.type === type)", frame_type)
+    return frames
 
 
 def write_config(folder: Path, *, delay_ms: int = 5, extra: str = "") -> Path:
@@ -67,9 +114,16 @@ def chromium_path() -> str:
 
 
 @contextmanager
-def opened_page(browser: Browser, base: str) -> Iterator[Page]:
-    """A page in its own browser context; an uncaught error in the page's JavaScript fails the test."""
-    context = browser.new_context(base_url=base, viewport={"width": 1100, "height": 800})
+def opened_page(browser: Browser, base: str, *, viewport: tuple[int, int] = (1100, 800),
+                color_scheme: Literal["light", "dark"] = "light", touch: bool = False) -> Iterator[Page]:
+    """A page in its own browser context; an uncaught error in the page's JavaScript fails the test.
+
+    ``touch`` makes a phone: touch events, no hover, a coarse pointer.
+    """
+    width, height = viewport
+    context = browser.new_context(base_url=base, viewport={"width": width, "height": height},
+                                  color_scheme=color_scheme, has_touch=touch, is_mobile=touch)
+    context.add_init_script(SOCKET_SPY)
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -92,6 +146,14 @@ def send(page: Page, text: str) -> None:
     box = page.get_by_test_id("message-input")
     box.fill(text)
     box.press("Enter")
+
+
+def open_menu(page: Page, session_id: str) -> Locator:
+    """Open a sidebar row's action menu; return the row."""
+    item = page.locator(f'[data-testid="session-item"][data-session-id="{session_id}"]')
+    item.get_by_test_id("session-menu-button").click()
+    expect(item.get_by_test_id("session-menu")).to_be_visible()
+    return item
 
 
 def send_and_wait(page: Page, text: str) -> None:
