@@ -78,6 +78,17 @@ class Calibrations:
         calibration = self._by_route.get(_key(route))
         return max(0, estimate) if calibration is None else calibration.apply(estimate)
 
+    def ratio(self, route: _Named | str) -> float:
+        """The route's learned ratio; 1.0 for a route never observed."""
+        calibration = self._by_route.get(_key(route))
+        return 1.0 if calibration is None or calibration.observations == 0 else calibration.ratio
+
+
+def plausible(estimate: int, reported: int) -> bool:
+    """Whether a count can be about that estimate at all (its ratio inside the clamp): an overflow
+    error's count from a provider whose tokenizer is nothing like ours is not used."""
+    return estimate > 0 and reported > 0 and RATIO_MIN <= reported / estimate <= RATIO_MAX
+
 
 def _key(route: _Named | str) -> str:
     return route if isinstance(route, str) else route.name

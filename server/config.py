@@ -90,6 +90,7 @@ class RuntimeSettings:
     image_token_cost: int = setting(1000, "Fixed token estimate per image actually sent.")
     max_image_bytes: int = setting(5 * 1024 * 1024, "Largest decoded image accepted.")
     max_output_tokens: int = setting(1024, "max_tokens asked of providers that need one.")
+    reply_reserve_tokens: int = setting(0, "Tokens kept free for the reply (meter, trims, capacity check).")
     system_prompt: str = setting("", "Leading system message of every session.")
     # subsections: their own tables, [runtime.history_pruning] and [runtime.compaction]
     history_pruning: HistoryPruning = field(default_factory=HistoryPruning)

@@ -1,23 +1,32 @@
-"""The context meter: one ``context`` frame body for the route that serves (or will serve) a call.
+"""The context meter: one accounting of "how full" for the route that serves (or will serve) a call.
 
-Capacity and budget are resolved together for that route through the one ``RouteResolver``. Before
-a call the numerator is the estimate of what would be sent (messages, images, tool schemas),
-calibrated for the route from the provider's earlier reports; after a call it is the provider's
-reported input. ``model_context_window`` is left out when the capacity is unknown: the 32,000
-compatibility fallback is never presented as a model's window.
+Every figure the user sees about the prompt's size comes from one ``Reading``: the meter's
+``estimated_tokens``, the trim notices' ``tokens_before``/``tokens_after``, the trim budget and the
+capacity check. A reading holds the raw estimate of the next request (system prompt, history, images,
+tool schemas; ``server.history``'s bytes/4 heuristic) and turns it into the route's count:
 
-Two operations: ``Meter.read`` (a ``Reading``: capacity, budget, estimate) and ``Meter.frame`` (the
-``context`` frame for a reading). ``Session.emit_meter`` does both and sends the frame.
+- anchored: when the provider counted an earlier request of this session on this route, the figure
+  is that count plus the calibrated estimate of everything added (or dropped) since:
+  ``reported + ceil(ratio * (raw - raw_then))``. The reply just written and the next message are
+  exactly the "added since", so the meter after a turn is the next send's figure, not the last one's.
+- otherwise: ``ceil(ratio * raw)`` with the route's calibration ratio (1.0 until a report).
+
+The reply reserve (``runtime.reply_reserve_tokens``) is added on top: a request must leave that much
+room for the answer. ``raw_history_budget`` is the inverse, so the ledger trims (in raw units, tool
+schemas left out) to exactly what the figure allows. ``model_context_window`` is left out when the
+capacity is unknown: the 32,000 compatibility fallback is never presented as a model's window.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from server.config import ProviderProfile
+from server.history import ChatMessage, estimate_history_tokens
 from server.ledger import HistoryLedger
 from server.protocol import server_frame
 from server.providers.base import ToolSpec
@@ -33,42 +42,92 @@ def tool_schema_tokens(tools: Sequence[ToolSpec]) -> int:
 
 
 @dataclass(frozen=True)
+class Anchor:
+    """What the provider counted for one request: ``reported`` tokens where we estimated ``raw``."""
+
+    raw: int
+    reported: int
+
+
+@dataclass(frozen=True)
 class Reading:
     route: Route
     capacity: Capacity
     budget: int
-    estimate: int  # raw estimate of the request, tools included
+    estimate: int  # raw estimate of the request, tool schemas included
+    tools: int = 0  # raw tokens of the tool schemas (part of ``estimate``)
+    ratio: float = 1.0
+    anchor: Anchor | None = None
+    reserve: int = 0
+
+    def count(self, raw: int) -> int:
+        """The route's count for a request whose raw estimate (tools included) is ``raw``."""
+        if self.anchor is not None:
+            return max(0, self.anchor.reported + math.ceil(self.ratio * (raw - self.anchor.raw)))
+        return max(0, math.ceil(self.ratio * raw))
+
+    def raw_for(self, figure: int) -> int:
+        """The largest raw estimate (tools included) whose ``count`` stays within ``figure``."""
+        if self.anchor is not None:
+            return self.anchor.raw + math.floor((figure - self.anchor.reported) / self.ratio)
+        return math.floor(figure / self.ratio)
+
+    @property
+    def figure(self) -> int:
+        """What the meter shows: the next request's count plus the reply reserve."""
+        return self.count(self.estimate) + self.reserve
+
+    def history_figure(self, raw_history: int) -> int:
+        """The figure for a history estimate (tools and reserve added), for trim notices."""
+        return self.count(raw_history + self.tools) + self.reserve
+
+    @property
+    def target(self) -> int:
+        """The figure trims aim at: the budget, never above the known window (0 = trimming off)."""
+        if self.budget <= 0:
+            return 0
+        window = self.capacity.window
+        return self.budget if window is None else min(self.budget, window)
+
+    def raw_history_budget(self, figure: int | None = None) -> int:
+        """The ledger's budget (raw history tokens, tools and reserve taken off) for ``figure``."""
+        target = self.target if figure is None else figure
+        if target <= 0:
+            return 0
+        return max(1, self.raw_for(target - self.reserve) - self.tools)
 
     def over_capacity(self) -> int:
         """Tokens by which the request exceeds the known window (0 when it fits or is unknown)."""
         if self.capacity.window is None:
             return 0
-        return max(0, self.estimate - self.capacity.window)
+        return max(0, self.figure - self.capacity.window)
 
 
 class Meter:
-    def __init__(self, resolver: RouteResolver, providers: Mapping[str, ProviderProfile]) -> None:
+    def __init__(self, resolver: RouteResolver, providers: Mapping[str, ProviderProfile],
+                 reserve: int = 0) -> None:
         self.resolver = resolver
         self._providers = providers
+        self.reserve = max(0, reserve)
 
     def tools(self, route: Route, final: bool = False) -> list[ToolSpec]:
         """The tools offered on ``route``'s calls: none on the final call after the tool cap."""
         return [] if final or not self._providers[route.provider].tools else tool_specs()
 
-    async def read(self, route: Route, estimate: int, tools: Sequence[ToolSpec]) -> Reading:
+    async def read(self, route: Route, estimate: int, tools: Sequence[ToolSpec],
+                   anchor: Anchor | None = None) -> Reading:
         """Capacity and budget of ``route`` with the estimate of what would be sent to it."""
         capacity = await self.resolver.capacity(route)
-        return Reading(route, capacity, self.resolver.budget(capacity), estimate + tool_schema_tokens(tools))
+        schemas = tool_schema_tokens(tools)
+        return Reading(route, capacity, self.resolver.budget(capacity), estimate + schemas, schemas,
+                       self.resolver.calibration.ratio(route), anchor, self.reserve)
 
-    def frame(self, reading: Reading, ledger: HistoryLedger, reason: str,
-              reported: int | None = None) -> dict[str, Any]:
-        preview = None
-        if reading.budget > 0 and reported is None:
-            turns, tokens = ledger.preview(reading.budget)
-            if turns:
-                preview = {"turns": turns, "tokens": tokens}
+    def frame(self, reading: Reading, ledger: HistoryLedger, reason: str, reported: int | None = None,
+              left_out: Sequence[ChatMessage] = ()) -> dict[str, Any]:
+        preview = self.preview(reading, ledger) if reported is None else None
         if reported is None:
-            tokens_used, source = self.resolver.calibration.apply(reading.route, reading.estimate), "estimate"
+            source = "estimate" if reading.anchor is None else "provider"
+            tokens_used = reading.figure
         else:
             tokens_used, source = reported, "provider"
         return server_frame(
@@ -76,4 +135,29 @@ class Meter:
             route_kind=reading.route.kind, estimated_tokens=tokens_used, tokens_source=source,
             context_token_budget=reading.budget, model_context_window=reading.capacity.window,
             window_source=reading.capacity.source, trim_preview=preview, reason=reason,
+            **breakdown(reading, ledger, left_out),
         )
+
+    def preview(self, reading: Reading, ledger: HistoryLedger) -> dict[str, int] | None:
+        """``{turns, tokens}`` the next send's budget trim would drop, in the figure's units."""
+        if reading.target <= 0:
+            return None
+        turns, tokens = ledger.preview(reading.raw_history_budget())
+        return {"turns": turns, "tokens": math.ceil(tokens * reading.ratio)} if turns else None
+
+
+def breakdown(reading: Reading, ledger: HistoryLedger, left_out: Sequence[ChatMessage]) -> dict[str, Any]:
+    """The parts of the figure, each calibrated for the route (the anchor's correction is in none)."""
+    messages = ledger.messages()
+    cost = ledger.image_token_cost
+    system = sum(m.text_tokens for m in messages if m.role == "system")
+    images = estimate_history_tokens(messages, cost) - sum(m.text_tokens for m in messages)
+    trimmed = estimate_history_tokens(left_out, cost) if left_out else 0
+
+    def scaled(raw: int) -> int:
+        return math.ceil(raw * reading.ratio)
+
+    return {"system_tokens": scaled(system), "tool_schema_tokens": scaled(reading.tools),
+            "history_tokens": scaled(ledger.estimate - system - images), "image_tokens": scaled(images),
+            "trimmed_tokens": scaled(trimmed), "reply_reserve": reading.reserve,
+            "calibration_ratio": round(reading.ratio, 3)}

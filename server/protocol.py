@@ -31,7 +31,8 @@ SERVER_FRAMES: dict[str, tuple[str, ...]] = {
     "accepted": ("id", "turn_id", "content", "images?"),
     "context": ("provider", "model", "route_kind", "estimated_tokens", "tokens_source",
                 "context_token_budget", "model_context_window?", "window_source?", "trim_preview?",
-                "reason"),
+                "reason", "system_tokens?", "tool_schema_tokens?", "history_tokens?", "trimmed_tokens?",
+                "image_tokens?", "reply_reserve?", "calibration_ratio?"),
     "route": ("provider", "model", "route_kind", "hint?", "turn_id?"),
     "chunk": ("turn_id", "content"),
     "thinking": ("turn_id", "content"),
@@ -40,7 +41,7 @@ SERVER_FRAMES: dict[str, tuple[str, ...]] = {
     "history_trimmed": ("dropped_messages", "dropped_turns", "kept_turns", "reason", "token_budget?",
                         "tokens_before?", "tokens_after?", "message_ids", "turn_ids", "turn_id?"),
     "done": ("turn_id", "full_response", "input_tokens", "output_tokens", "last_input_tokens", "provider",
-             "model", "max_context_tokens", "model_context_window?", "cost_usd?"),
+             "model", "max_context_tokens", "model_context_window?", "cost_usd?", "calls?"),
     "aborted": ("turn_id",),
     "error": ("code", "message", "retryable", "turn_id?", "message_id?", "retry_after?"),
     "title": ("title",),
@@ -49,7 +50,8 @@ SERVER_FRAMES: dict[str, tuple[str, ...]] = {
 
 CONTEXT_REASONS = ("hello", "switch", "hint", "send", "trim", "usage", "done", "restore")
 TRIM_REASONS = ("token_budget", "turn_limit", "overflow_recovery", "compaction")
-NOTICE_CODES = ("provider_truncated", "reply_truncated")
+NOTICE_CODES = ("provider_truncated", "reply_truncated", "window_learned", "unknown_hint", "unknown_route",
+                "switched")
 # Enumerated fields are checked when a frame is built: a new value must be added here (and in the doc).
 ENUMS: dict[tuple[str, str], tuple[str, ...]] = {
     ("context", "reason"): CONTEXT_REASONS,

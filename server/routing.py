@@ -29,7 +29,7 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -72,10 +72,17 @@ class Route:
         return body
 
 
+class WindowMemory(Protocol):
+    """Where windows learned from overflow errors outlive the process (the store implements it)."""
+
+    async def load_windows(self) -> dict[tuple[str, str], int]: ...
+    async def save_window(self, provider: str, model: str, tokens: int) -> None: ...
+
+
 @dataclass(frozen=True)
 class Capacity:
     window: int | None
-    source: str | None = None  # config | provider; None when unknown
+    source: str | None = None  # config | provider | provider_error; None when unknown
 
     @property
     def known(self) -> bool:
@@ -116,6 +123,9 @@ class RouteResolver:
         self._hints = self._resolve_hints()
         self._windows: dict[tuple[str, str], tuple[Capacity, float]] = {}  # answer, retry-after
         self._locks: dict[tuple[str, str], anyio.Lock] = {}
+        self._learned: dict[tuple[str, str], int] = {}  # windows named by overflow errors
+        self._memory: WindowMemory | None = None
+        self._recalled = False
 
     # -- route strings ---------------------------------------------------------------------
 
@@ -159,6 +169,9 @@ class RouteResolver:
             hints.setdefault(entry.hint, replace(route, hint=entry.hint))  # first entry wins
         return hints
 
+    def hints(self) -> list[str]:
+        return list(self._hints)
+
     def route_for_hint(self, session_route: Route, hint: str) -> Route:
         """The hint's route, or the session's pair marked ``fallback`` when no route has that hint."""
         route = self._hints.get(hint)
@@ -178,10 +191,34 @@ class RouteResolver:
 
     # -- capacity, budget, cost --------------------------------------------------------------
 
+    def remember_windows(self, memory: WindowMemory) -> None:
+        self._memory = memory
+
+    async def learn_window(self, route: Route, tokens: int) -> bool:
+        """A provider refused for context length and named its limit: that is the route's window
+        from now on (persisted). False when it was already known to be that."""
+        key = (route.provider, route.model)
+        await self._recall()
+        if tokens <= 0 or self._learned.get(key) == tokens:
+            return False
+        self._learned[key] = tokens
+        if self._memory is not None:
+            await self._memory.save_window(route.provider, route.model, tokens)
+        return True
+
+    async def _recall(self) -> None:
+        if not self._recalled and self._memory is not None:
+            self._recalled = True  # first, so two turns do not both read
+            self._learned = {**await self._memory.load_windows(), **self._learned}
+
     async def capacity(self, route: Route) -> Capacity:
         profile = self.settings.providers.get(route.provider)
         if profile is None:
             return UNKNOWN_CAPACITY
+        await self._recall()
+        learned = self._learned.get((route.provider, route.model))
+        if learned is not None:  # the provider's own refusal outranks configuration and metadata
+            return Capacity(learned, "provider_error")
         configured = _config_capacity(profile, route.model)
         if configured is not None:
             return configured

@@ -30,7 +30,8 @@ class Runtime:
     meter: Meter = field(init=False)
 
     def __post_init__(self) -> None:
-        self.meter = Meter(self.resolver, self.settings.providers)
+        self.meter = Meter(self.resolver, self.settings.providers, self.options.reply_reserve_tokens)
+        self.resolver.remember_windows(self.store)
 
     @property
     def options(self) -> RuntimeSettings:

@@ -22,7 +22,7 @@ from server.compaction import TRUNCATED
 from server.history import BREADCRUMB_TEXT, DEFAULT_IMAGE_TOKEN_COST, TRIMMED, ChatMessage
 from server.history_trim import TrimReport, sweep_orphans
 from server.ledger import HistoryLedger
-from server.meter import Meter, Reading
+from server.meter import Anchor, Meter, Reading
 from server.protocol import server_frame
 from server.reply import ReplyWriter
 from server.routing import Route
@@ -61,6 +61,7 @@ class Session:
         self._store = store
         self._meter = meter
         self._streamed: ChatMessage | None = None
+        self.anchors: dict[str, Anchor] = {}  # route name -> the provider's last count on it
         self.ledger = HistoryLedger(self._scan(), image_token_cost=image_token_cost)
 
     @property
@@ -153,10 +154,12 @@ class Session:
 
     # --- operations on the marks --------------------------------------------------------------
 
-    async def trim(self, report: TrimReport, turn_id: str | None = None) -> bool:
+    async def trim(self, report: TrimReport, turn_id: str | None = None,
+                   reading: Reading | None = None, budget: int | None = None) -> bool:
         """Mark what a trim dropped (kept in the transcript, no longer sent), store the marks and
         tell every client and observer with a ``history_trimmed`` frame. False when nothing was
-        dropped."""
+        dropped. With ``reading``, the frame's token figures are the meter's (tools, calibration and
+        reserve included), and ``budget`` the figure the trim aimed at."""
         dropped = [m for m in report.dropped if not m.breadcrumb]
         if not dropped:
             return False
@@ -164,6 +167,11 @@ class Session:
             message.left_out = TRIMMED
         await self.store.save_messages(self.id, dropped)
         fields = {**report.frame_fields(), "dropped_messages": len(dropped)}
+        if reading is not None and "tokens_before" in fields:
+            fields["tokens_before"] = reading.history_figure(report.tokens_before)
+            fields["tokens_after"] = reading.history_figure(report.tokens_after)
+            if budget is not None:
+                fields["token_budget"] = budget
         self.emit(server_frame("history_trimmed", **fields, **dropped_ids(dropped), turn_id=turn_id))
         return True
 
@@ -189,10 +197,16 @@ class Session:
 
     # --- the meter ----------------------------------------------------------------------------
 
+    async def read_meter(self, route: Route, final: bool = False) -> Reading:
+        """The reading of what the session would send to ``route`` now, anchored on its last count."""
+        return await self.meter.read(route, self.ledger.estimate, self.meter.tools(route, final),
+                                     self.anchors.get(route.name))
+
     async def emit_meter(self, route: Route, reason: str, reading: Reading | None = None,
                          reported: int | None = None) -> Reading:
         """Send the ``context`` frame for ``route``: what the session would send now, or ``reported``."""
         if reading is None:
-            reading = await self.meter.read(route, self.ledger.estimate, self.meter.tools(route))
-        self.emit(self.meter.frame(reading, self.ledger, reason, reported))
+            reading = await self.read_meter(route)
+        left_out = [m for m in self.transcript if m.left_out in (TRIMMED, TRUNCATED)]
+        self.emit(self.meter.frame(reading, self.ledger, reason, reported, left_out))
         return reading

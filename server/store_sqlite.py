@@ -296,6 +296,18 @@ class SqliteStore:
             f"VALUES ({', '.join('?' * (len(CALL_FIELDS) + 1))})",
             [(session_id, *_call_row(call, now)) for call in calls])
 
+    # windows learned from overflow errors
+
+    async def load_windows(self) -> dict[tuple[str, str], int]:
+        rows = await self._call(self._query, "SELECT provider, model, tokens FROM route_windows", ())
+        return {(provider, model): tokens for provider, model, tokens in rows}
+
+    async def save_window(self, provider: str, model: str, tokens: int) -> None:
+        await self._call(self._write, self._conn.execute,
+                         "INSERT INTO route_windows VALUES (?, ?, ?, ?) ON CONFLICT (provider, model) "
+                         "DO UPDATE SET tokens = excluded.tokens, learned_at = excluded.learned_at",
+                         (provider, model, tokens, self._clock.now()))
+
     async def import_session(self, session: StoredSession) -> None:
         """Write a whole session (from an export) at once; its id must be new."""
         rows = [_row(message) for message in session.messages]
@@ -305,6 +317,15 @@ class SqliteStore:
         self._create(session.id, session.title, session.route, session.created_at)
         self._put_rows(session.id, rows, _INSERT)
         self._put_calls(session.id, session.calls)
+
+
+# Added after version 1 without a version bump (IF NOT EXISTS, nothing older reads it): windows
+# learned from providers' overflow errors. The pg branch's numbered migrations should own it.
+_ROUTE_WINDOWS = """
+CREATE TABLE IF NOT EXISTS route_windows (
+    provider TEXT NOT NULL, model TEXT NOT NULL, tokens INTEGER NOT NULL, learned_at TEXT NOT NULL,
+    PRIMARY KEY (provider, model));
+"""
 
 
 def _call_row(call: CallRecord, now: str) -> Row:
@@ -318,6 +339,7 @@ def _prepare(connection: sqlite3.Connection, path: Path) -> None:
     connection.execute("PRAGMA synchronous = NORMAL")
     connection.execute("PRAGMA foreign_keys = ON")
     connection.executescript(_SCHEMA)
+    connection.executescript(_ROUTE_WINDOWS)
     row = connection.execute("SELECT MAX(version) FROM schema_version").fetchone()
     if row[0] is None:
         connection.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))

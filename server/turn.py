@@ -17,12 +17,14 @@ from __future__ import annotations
 import logging
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import Any
 
+from server.calibration import plausible
 from server.compaction_runner import Compaction, NoCompaction
 from server.errors import CapacityExceeded, ContextOverflow, HistoryUnfit, MeterchatError, error_frame
 from server.history import ChatMessage, ToolCall, estimate_history_tokens
-from server.history_trim import TrimReport, cap_tool_result, sweep_orphans
-from server.meter import Reading
+from server.history_trim import REASON_OVERFLOW, TrimReport, cap_tool_result, recovery_budget, sweep_orphans
+from server.meter import Anchor, Reading
 from server.protocol import server_frame
 from server.providers.base import (
     Finish,
@@ -64,6 +66,7 @@ class Totals:
     output_tokens: int = 0
     last_input_tokens: int = 0
     cost_usd: float | None = None
+    calls: int = 0  # provider calls whose usage the sums hold
 
 
 class Turn:
@@ -78,6 +81,7 @@ class Turn:
         self.totals = Totals()
         self.writer = ReplyWriter(turn_id, rt.settings.server.store_flush_ms / 1000)
         self.final_text = ""
+        self.sent: Reading | None = None  # the reading of the request last sent
 
     # --- frames -------------------------------------------------------------------------------
 
@@ -93,24 +97,45 @@ class Turn:
 
     # --- trimming -----------------------------------------------------------------------------
 
-    async def apply_trim(self, report: TrimReport) -> None:
-        if await self.session.trim(report, self.turn_id):
+    async def apply_trim(self, report: TrimReport, reading: Reading | None = None,
+                         budget: int | None = None) -> None:
+        if await self.session.trim(report, self.turn_id, reading, budget):
             await self.emit_meter("trim")
 
-    async def proactive_trims(self, budget: int) -> None:
-        ledger = self.session.ledger
-        await self.apply_trim(ledger.trim_turn_count(self.options.turn_limit))
+    async def proactive_trims(self, final: bool) -> None:
+        """Turn limit, compaction, then the budget trim, measured as the meter measures: tool
+        schemas, calibration, the provider's last count and the reply reserve included."""
+        await self.apply_trim(self.session.ledger.trim_turn_count(self.options.turn_limit))
         provider = self.rt.providers[self.route.provider]
         await self.compaction.compact(self.session, self.route, provider, self.turn_id)
-        if budget > 0:
-            await self.apply_trim(self.session.ledger.trim(budget))  # compaction may rebuild it
+        reading = await self.session.read_meter(self.route, final)  # compaction may rebuild the ledger
+        if reading.target > 0:
+            report = self.session.ledger.trim(reading.raw_history_budget())
+            await self.apply_trim(report, reading, reading.target)
 
-    async def recover(self, overflow: ContextOverflow) -> None:
-        report = self.session.ledger.trim_for_overflow()
+    async def recover(self, overflow: ContextOverflow, final: bool) -> None:
+        await self.learn_from(overflow)
+        reading = await self.session.read_meter(self.route, final)
+        raw = recovery_budget(self.session.ledger.estimate)
+        if reading.capacity.window is not None:  # a window the error named: trim to it, not just 2/3
+            raw = min(raw, reading.raw_history_budget())
+        report = self.session.ledger.trim(raw, reason=REASON_OVERFLOW)
         if not report.trimmed or not [m for m in report.dropped if not m.breadcrumb]:
             raise HistoryUnfit(f"{self.route.name} reported a context overflow ({overflow.message}) and "
                                f"no older turn is left to drop: the newest turn alone does not fit")
-        await self.apply_trim(report)
+        await self.apply_trim(report, reading, reading.history_figure(raw))
+
+    async def learn_from(self, overflow: ContextOverflow) -> None:
+        """An overflow that names the provider's count calibrates; one that names its limit is the
+        route's window from now on (kept in the store), so the next turn trims before it sends."""
+        sent = self.sent
+        if sent is not None and overflow.requested_tokens and plausible(sent.estimate, overflow.requested_tokens):
+            self.rt.resolver.calibration.observe(self.route, sent.estimate, overflow.requested_tokens)
+            self.session.anchors[self.route.name] = Anchor(sent.estimate, overflow.requested_tokens)
+        if overflow.limit_tokens and await self.rt.resolver.learn_window(self.route, overflow.limit_tokens):
+            self.emit("notice", code="window_learned", turn_id=self.turn_id, message=(
+                f"{self.route.name} refused the request for context length and named its window: "
+                f"{overflow.limit_tokens:,} tokens. The meter shows it and meterchat trims to it from now on."))
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -122,30 +147,35 @@ class Turn:
             # Kept in the transcript but not sent again, so one oversized message cannot block
             # every later turn when proactive trimming is off.
             await self.session.set_aside(self.turn_id, SET_ASIDE_UNFIT)
-            self.session.emit(error_frame(exc, turn_id=self.turn_id))
+            await self.end(error_frame(exc, turn_id=self.turn_id))
         except MeterchatError as exc:
             await self.finish_reply(interrupted=True)
-            self.session.emit(error_frame(exc, turn_id=self.turn_id))
+            await self.end(error_frame(exc, turn_id=self.turn_id))
         except Exception as exc:  # a bug must not take the session down; the user is told
             log.exception("turn %s of session %s failed", self.turn_id, self.session.id)
             await self.finish_reply(interrupted=True)
-            self.session.emit(error_frame(exc, turn_id=self.turn_id))
+            await self.end(error_frame(exc, turn_id=self.turn_id))
         else:
             await self.finish_reply(interrupted=False)
-            await self.emit_done()
+            await self.end(await self.done_frame())
+
+    async def end(self, frame: dict[str, Any]) -> None:
+        """The meter shows the next send (the reply just written included) before the turn's last
+        frame, so a client that waits for ``done`` or ``error`` already has it."""
+        await self.session.emit_meter(self.session.route, "done")
+        self.session.emit(frame)
 
     async def loop(self) -> None:
         limit = self.options.max_tool_iterations
         iteration = 0
         while iteration <= limit:
             final = iteration == limit
-            reading = await self.rt.meter.read(self.route, self.session.ledger.estimate, self.tools(final))
-            await self.proactive_trims(reading.budget)
+            await self.proactive_trims(final)
             iteration += 1
             try:
                 result = await self.call(final)
             except ContextOverflow as overflow:
-                await self.recover(overflow)
+                await self.recover(overflow, final)
                 if final:  # the final answer is still owed: retry it (each recovery drops a turn)
                     iteration -= 1
                 continue
@@ -158,17 +188,19 @@ class Turn:
         if final:
             messages.append(ChatMessage("user", FINAL_ANSWER_PROMPT, turn_id=self.turn_id))
         estimate = estimate_history_tokens(messages, self.options.image_token_cost)
-        reading = await self.rt.meter.read(self.route, estimate, self.tools(final))
+        reading = await self.rt.meter.read(self.route, estimate, self.tools(final),
+                                           self.session.anchors.get(self.route.name))
         over = reading.over_capacity()
         if over:
             raise CapacityExceeded(
-                f"the request needs about {reading.estimate:,} tokens but {self.route.name} holds "
+                f"the request needs about {reading.figure:,} tokens but {self.route.name} holds "
                 f"{reading.capacity.window:,}: {over:,} tokens over; shorten the message or switch to a "
-                f"larger model", estimated=reading.estimate, window=reading.capacity.window or 0)
+                f"larger model", estimated=reading.figure, window=reading.capacity.window or 0)
         return messages, reading
 
     async def call(self, final: bool) -> CallResult:
         messages, reading = await self.prepare(final)
+        self.sent = reading
         self.emit("route", turn_id=self.turn_id, **self.route.fields())
         await self.emit_meter("send", reading)
         provider = self.rt.providers[self.route.provider]
@@ -211,8 +243,9 @@ class Turn:
                 f"{calibration.apply(self.route, reading.estimate):,} were sent: it "
                 f"probably cut the start of the conversation to fit its context (num_ctx). Set num_ctx "
                 f"or context_window for this provider so meterchat trims whole turns instead."))
-        else:  # a truncated count says nothing about the tokenizer: keep it out of the calibration
+        elif usage.input_tokens > 0:  # a truncated count says nothing about the tokenizer: kept out
             calibration.observe(self.route, reading.estimate, usage.input_tokens)
+            self.session.anchors[self.route.name] = Anchor(reading.estimate, usage.input_tokens)
         cost = self.rt.resolver.cost(self.route, usage.input_tokens, usage.output_tokens)
         self.add_to_totals(usage, cost)
         await self.rt.store.record_call(self.session.id, CallRecord(
@@ -225,6 +258,7 @@ class Turn:
         totals.input_tokens += usage.input_tokens
         totals.output_tokens += usage.output_tokens
         totals.last_input_tokens = usage.input_tokens
+        totals.calls += 1
         if cost is not None:
             totals.cost_usd = (totals.cost_usd or 0.0) + cost
 
@@ -260,11 +294,11 @@ class Turn:
         self.session.add(*results)
         await self.rt.store.append_messages(self.session.id, results)
 
-    async def emit_done(self) -> None:
+    async def done_frame(self) -> dict[str, Any]:
         capacity = await self.rt.resolver.capacity(self.route)
         budget = self.rt.resolver.budget(capacity)
         t = self.totals
-        self.emit("done", turn_id=self.turn_id, full_response=self.final_text, input_tokens=t.input_tokens,
+        return server_frame("done", turn_id=self.turn_id, full_response=self.final_text, input_tokens=t.input_tokens,
                   output_tokens=t.output_tokens, last_input_tokens=t.last_input_tokens,
                   provider=self.route.provider, model=self.route.model, max_context_tokens=budget,
-                  model_context_window=capacity.window, cost_usd=t.cost_usd)
+                  model_context_window=capacity.window, cost_usd=t.cost_usd, calls=t.calls)

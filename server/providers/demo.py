@@ -83,7 +83,7 @@ class DemoProvider:
         window = DEMO_WINDOWS[request.model]
         if prompt > window:
             raise ContextOverflow(f"demo: prompt is too long: {prompt} tokens > {window} maximum",
-                                  status=400)
+                                  status=400, requested_tokens=prompt, limit_tokens=window)
         self._calls += 1
         async for event in self._reply(request, prompt):
             yield event
