@@ -22,6 +22,7 @@ from server.compaction_runner import compaction_for
 from server.errors import BadFrame, Busy, UnknownRoute, UnknownSession, error_frame
 from server.history import ChatMessage, Image
 from server.images import decode_images
+from server.meter import switched_text
 from server.protocol import ImagePayload, server_frame
 from server.routing import Route
 from server.runtime import Runtime
@@ -176,7 +177,22 @@ class SessionHub:
         route = self.rt.resolver.parse(route_text.strip(), kind="switch")
         session.route = route
         await self.rt.store.set_route(session.id, route.name)
-        await session.emit_meter(route, "switch")
+        reading = await session.emit_meter(route, "switch")
+        preview = self.rt.meter.preview(reading, session.ledger)
+        session.emit(server_frame("notice", code="switched", message=switched_text(reading, preview)))
+
+    async def model_command(self, session: Session, route_text: str) -> None:
+        """``/model X`` typed in the composer: a route that does not exist (or none) is answered
+        with the routes that do, as a notice, not an error."""
+        routes = ", ".join(self.rt.resolver.routes())
+        if not route_text.strip():
+            message = f"/model needs a route: one of {routes}"
+        else:
+            try:
+                return await self.switch(session, route_text)
+            except UnknownRoute as exc:
+                message = f"{exc.message}. Routes: {routes}"
+        session.emit(server_frame("notice", code="unknown_route", message=message))
 
     def stop(self, session: Session) -> None:
         if session.turn is not None:
@@ -187,7 +203,7 @@ class SessionHub:
         if message_id in session.client_ids:
             return  # a client resending after a reconnect: the message is already durable
         if content.strip().split(" ", 1)[0] == MODEL_COMMAND:
-            await self.switch(session, content.strip()[len(MODEL_COMMAND):])
+            await self.model_command(session, content.strip()[len(MODEL_COMMAND):])
             return
         if session.busy:
             raise Busy("a reply is still being written in this session; stop it or wait for it to finish")

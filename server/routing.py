@@ -169,8 +169,9 @@ class RouteResolver:
             hints.setdefault(entry.hint, replace(route, hint=entry.hint))  # first entry wins
         return hints
 
-    def hints(self) -> list[str]:
-        return list(self._hints)
+    def hints(self) -> dict[str, Route]:
+        """Each configured hint and the route it names."""
+        return dict(self._hints)
 
     def route_for_hint(self, session_route: Route, hint: str) -> Route:
         """The hint's route, or the session's pair marked ``fallback`` when no route has that hint."""

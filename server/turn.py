@@ -128,18 +128,30 @@ class Turn:
     async def learn_from(self, overflow: ContextOverflow) -> None:
         """An overflow that names the provider's count calibrates; one that names its limit is the
         route's window from now on (kept in the store), so the next turn trims before it sends."""
-        sent = self.sent
-        if sent is not None and overflow.requested_tokens and plausible(sent.estimate, overflow.requested_tokens):
-            self.rt.resolver.calibration.observe(self.route, sent.estimate, overflow.requested_tokens)
-            self.session.anchors[self.route.name] = Anchor(sent.estimate, overflow.requested_tokens)
+        sent, counted = self.sent, overflow.requested_tokens or 0
+        if sent is not None and plausible(sent.estimate, counted):
+            self.rt.resolver.calibration.observe(self.route, sent.estimate, counted)
+            self.session.anchors[self.route.name] = Anchor(sent.estimate, counted)
         if overflow.limit_tokens and await self.rt.resolver.learn_window(self.route, overflow.limit_tokens):
             self.emit("notice", code="window_learned", turn_id=self.turn_id, message=(
                 f"{self.route.name} refused the request for context length and named its window: "
-                f"{overflow.limit_tokens:,} tokens. The meter shows it and meterchat trims to it from now on."))
+                f"{overflow.limit_tokens:,} tokens. The meter shows it and meterchat trims to it "
+                f"from now on."))
 
     # --- the loop -----------------------------------------------------------------------------
 
+    def tell_unknown_hint(self) -> None:
+        """A hint no route has: the turn stays on the session's pair, and the user is told which exist."""
+        if self.route.kind != "fallback":
+            return
+        hints = self.rt.resolver.hints()
+        known = ", ".join(f"{name} ({route.name})" for name, route in hints.items()) or "none configured"
+        self.emit("notice", code="unknown_hint", turn_id=self.turn_id, message=(
+            f"No route has the hint {self.route.hint!r}, so this turn goes to {self.route.name}. "
+            f"Hints: {known}."))
+
     async def run(self) -> None:
+        self.tell_unknown_hint()
         try:
             await self.loop()
         except CapacityExceeded as exc:
@@ -298,7 +310,8 @@ class Turn:
         capacity = await self.rt.resolver.capacity(self.route)
         budget = self.rt.resolver.budget(capacity)
         t = self.totals
-        return server_frame("done", turn_id=self.turn_id, full_response=self.final_text, input_tokens=t.input_tokens,
-                  output_tokens=t.output_tokens, last_input_tokens=t.last_input_tokens,
-                  provider=self.route.provider, model=self.route.model, max_context_tokens=budget,
-                  model_context_window=capacity.window, cost_usd=t.cost_usd, calls=t.calls)
+        return server_frame(
+            "done", turn_id=self.turn_id, full_response=self.final_text, input_tokens=t.input_tokens,
+            output_tokens=t.output_tokens, last_input_tokens=t.last_input_tokens,
+            provider=self.route.provider, model=self.route.model, max_context_tokens=budget,
+            model_context_window=capacity.window, cost_usd=t.cost_usd, calls=t.calls)
