@@ -37,6 +37,7 @@ OnChange = Callable[[str, str], Awaitable[None]]
 MAX_IMPORT_BYTES = 32 * 1024 * 1024  # a long session with a few images
 MAX_PATCH_BYTES = 64 * 1024
 MAX_TITLE_CHARS = 200
+MAX_LIST_LIMIT = 500
 _STATUS = ((UnknownSession, 404), (SessionExists, 409), (TooLarge, 413), (ClientError, 400))
 log = logging.getLogger(__name__)
 
@@ -88,8 +89,10 @@ class SessionsApi:
         self.max_import_bytes = max_import_bytes
 
     async def list(self, request: ApiRequest) -> Response:
-        store = request.state["store"]
-        return JSONResponse([summary.to_dict() for summary in await store.list_sessions()])
+        params = request.query_params
+        found = await request.state["store"].list_sessions(
+            params.get("q", ""), params.get("before") or None, _limit(params.get("limit")))
+        return JSONResponse([summary.to_dict() for summary in found])
 
     async def get(self, request: ApiRequest) -> Response:
         return JSONResponse((await _summary(request, request.path_params["session_id"])).to_dict())
@@ -141,6 +144,14 @@ async def _changed(request: ApiRequest, session_id: str, what: str) -> None:
         await request.state["on_change"](session_id, what)
     except Exception:  # the store already holds the change; the answer must say so
         log.exception("on_change(%r, %r) failed", session_id, what)
+
+
+def _limit(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIST_LIMIT:
+        raise ClientError(f"limit: expected a whole number from 1 to {MAX_LIST_LIMIT}, got {raw!r}")
+    return int(raw)
 
 
 def _title(data: Any) -> str:

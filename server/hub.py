@@ -22,7 +22,6 @@ from server.compaction_runner import compaction_for
 from server.errors import BadFrame, Busy, UnknownRoute, UnknownSession, error_frame
 from server.history import ChatMessage, Image
 from server.images import decode_images
-from server.meter import switched_text
 from server.protocol import ImagePayload, server_frame
 from server.routing import Route
 from server.runtime import Runtime
@@ -84,12 +83,18 @@ class SessionHub:
     async def _create(self) -> Session:
         route = self.rt.resolver.default_route()
         session = self._session(new_session_id(), DEFAULT_TITLE, route, [])
-        await self.rt.store.create_session(session.id, title=session.title, route=route.name)
+        session.stored = False  # stored with its first message: an opened page leaves no empty session
         if self.rt.options.system_prompt:
-            system = ChatMessage("system", self.rt.options.system_prompt)
-            session.add(system)
-            await self.rt.store.append_messages(session.id, [system])
+            session.add(ChatMessage("system", self.rt.options.system_prompt))
         return session
+
+    async def _store_new(self, session: Session) -> None:
+        if session.stored:
+            return
+        await self.rt.store.create_session(session.id, title=session.title, route=session.route.name)
+        session.stored = True
+        if session.transcript:
+            await self.rt.store.append_messages(session.id, list(session.transcript))
 
     def _stored_route(self, name: str) -> Route:
         default = self.rt.resolver.default_route()
@@ -176,10 +181,9 @@ class SessionHub:
     async def switch(self, session: Session, route_text: str) -> None:
         route = self.rt.resolver.parse(route_text.strip(), kind="switch")
         session.route = route
-        await self.rt.store.set_route(session.id, route.name)
-        reading = await session.emit_meter(route, "switch")
-        preview = self.rt.meter.preview(reading, session.ledger)
-        session.emit(server_frame("notice", code="switched", message=switched_text(reading, preview)))
+        if session.stored:  # a session not yet stored takes its route along when it is
+            await self.rt.store.set_route(session.id, route.name)
+        await session.emit_meter(route, "switch")  # the page confirms the switch from this frame
 
     async def model_command(self, session: Session, route_text: str) -> None:
         """``/model X`` typed in the composer: a route that does not exist (or none) is answered
@@ -231,6 +235,7 @@ class SessionHub:
                 raise BadFrame(f"message.retry_of: no turn {retry_of!r} still sent in this session")
         route, text = self.rt.resolver.for_message(session.route, content)
         user = ChatMessage("user", text, images=images or None, turn_id=turn_id, id=message_id)
+        await self._store_new(session)
         await self.rt.store.append_messages(session.id, [user])
         session.add(user)
         session.client_ids.add(message_id)

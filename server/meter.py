@@ -146,19 +146,6 @@ class Meter:
         return {"turns": turns, "tokens": math.ceil(tokens * reading.ratio)} if turns else None
 
 
-def switched_text(reading: Reading, preview: Mapping[str, int] | None) -> str:
-    """The ``switched`` notice: the new route, its window and what the next send will trim."""
-    window = reading.capacity.window
-    size = (f"its window is {window:,} tokens" if window is not None
-            else f"its window is not published; meterchat trims to a {reading.budget:,}-token budget")
-    text = f"Switched to {reading.route.name}: {size}; the next request is ~{reading.figure:,} tokens"
-    if preview:
-        turns = preview["turns"]
-        return text + (f", so the next send drops the oldest {turns:,} turn{'s' if turns != 1 else ''} "
-                       f"(~{preview['tokens']:,} tokens).")
-    return text + "."
-
-
 def breakdown(reading: Reading, ledger: HistoryLedger, left_out: Sequence[ChatMessage]) -> dict[str, Any]:
     """The parts of the figure, each calibrated for the route (the anchor's correction is in none)."""
     messages = ledger.messages()

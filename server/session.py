@@ -62,6 +62,7 @@ class Session:
         self._meter = meter
         self._streamed: ChatMessage | None = None
         self.anchors: dict[str, Anchor] = {}  # route name -> the provider's last count on it
+        self.stored = True  # False for a new session until its first message is stored
         self.ledger = HistoryLedger(self._scan(), image_token_cost=image_token_cost)
 
     @property

@@ -18,6 +18,7 @@ the floats run out of room between them.
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -212,9 +213,10 @@ class SqliteStore:
         row = await self._call(self._query_one, _SUMMARY + " WHERE s.id = ?", (session_id,))
         return None if row is None else SessionSummary(*row)
 
-    async def list_sessions(self) -> list[SessionSummary]:
-        """Every session, most recently updated first."""
-        rows = await self._call(self._query, _SUMMARY + " ORDER BY s.updated_at DESC, s.id", ())
+    async def list_sessions(self, query: str = "", before: str | None = None,
+                            limit: int | None = None) -> list[SessionSummary]:
+        """Sessions, most recently updated first: all, or those whose title or text matches."""
+        rows = await self._call(self._query, *_search_sql(query, before, limit))
         return [SessionSummary(*row) for row in rows]
 
     def _query(self, sql: str, params: tuple[Any, ...]) -> list[Row]:
@@ -319,13 +321,46 @@ class SqliteStore:
         self._put_calls(session.id, session.calls)
 
 
-# Added after version 1 without a version bump (IF NOT EXISTS, nothing older reads it): windows
-# learned from providers' overflow errors. The pg branch's numbered migrations should own it.
+# Added after version 1 without a version bump (IF NOT EXISTS, nothing older reads them), kept apart
+# so the pg branch's numbered migrations can take them over: windows learned from providers' overflow
+# errors, and the full-text index of message text (FTS5, kept by triggers) the session search reads.
 _ROUTE_WINDOWS = """
 CREATE TABLE IF NOT EXISTS route_windows (
     provider TEXT NOT NULL, model TEXT NOT NULL, tokens INTEGER NOT NULL, learned_at TEXT NOT NULL,
     PRIMARY KEY (provider, model));
 """
+_MESSAGE_TEXT = """
+CREATE VIRTUAL TABLE message_text USING fts5(content, session_id UNINDEXED);
+INSERT INTO message_text (rowid, content, session_id) SELECT rowid, content, session_id FROM messages;
+CREATE TRIGGER message_text_insert AFTER INSERT ON messages BEGIN
+    INSERT INTO message_text (rowid, content, session_id) VALUES (new.rowid, new.content, new.session_id);
+END;
+CREATE TRIGGER message_text_update AFTER UPDATE OF content ON messages BEGIN
+    UPDATE message_text SET content = new.content WHERE rowid = old.rowid;
+END;
+CREATE TRIGGER message_text_delete AFTER DELETE ON messages BEGIN
+    DELETE FROM message_text WHERE rowid = old.rowid;
+END;
+"""
+
+
+def _search_sql(query: str, before: str | None, limit: int | None) -> tuple[str, tuple[Any, ...]]:
+    """The session list, newest first: titles (substring) or message text (FTS5 prefix terms) that
+    match every word of ``query``, updated before ``before``, at most ``limit`` rows."""
+    where: list[str] = []
+    params: list[Any] = []
+    words = re.findall(r"\w+", query)
+    if query.strip():
+        like = "%" + re.sub(r"([%_\\])", r"\\\1", query.strip()) + "%"
+        match = " ".join(f'"{word}"*' for word in words)
+        text = " OR s.id IN (SELECT session_id FROM message_text WHERE message_text MATCH ?)" if words else ""
+        where.append(f"(s.title LIKE ? ESCAPE '\\'{text})")
+        params += [like, match] if words else [like]
+    if before:
+        where.append("s.updated_at < ?")
+        params.append(before)
+    sql = _SUMMARY + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY s.updated_at DESC, s.id"
+    return sql + " LIMIT ?", (*params, -1 if limit is None else limit)
 
 
 def _call_row(call: CallRecord, now: str) -> Row:
@@ -340,6 +375,9 @@ def _prepare(connection: sqlite3.Connection, path: Path) -> None:
     connection.execute("PRAGMA foreign_keys = ON")
     connection.executescript(_SCHEMA)
     connection.executescript(_ROUTE_WINDOWS)
+    known = connection.execute("SELECT 1 FROM sqlite_master WHERE name = 'message_text'").fetchone()
+    if known is None:  # first open since the index was added: built from the messages once
+        connection.executescript("BEGIN;" + _MESSAGE_TEXT + "COMMIT;")
     row = connection.execute("SELECT MAX(version) FROM schema_version").fetchone()
     if row[0] is None:
         connection.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))

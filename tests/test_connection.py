@@ -97,8 +97,9 @@ async def test_model_command_switches_and_unknown_route_changes_nothing(address)
     async with client(address) as c:
         await c.hello()
         await c.send("message", id="m1", content="/model nowhere/x")
-        error = await c.recv()
-        assert error["code"] == "unknown_route" and error["message_id"] == "m1"
+        notice = await c.recv()  # issue 10: a command is answered with what exists, not an error
+        assert notice["type"] == "notice" and notice["code"] == "unknown_route"
+        assert "'nowhere'" in notice["message"] and "demo/demo-open" in notice["message"]
         await c.send("message", id="m2", content="/model demo/demo-open")
         context = await c.recv()
         assert context["type"] == "context" and context["model"] == "demo-open"

@@ -115,7 +115,7 @@ async def test_window_named_by_an_overflow_is_learned_kept_and_trimmed_to(tmp_pa
         async with client(address) as c:
             await c.hello()
             await c.send("message", id="m0", content="/model demo/demo-open")
-            await c.until("notice")
+            await c.until("context")
             turns = []
             for n in range(5):
                 turns.append(await c.say(f"echo {n} {block}"))
@@ -164,17 +164,17 @@ async def test_model_command_that_names_no_route_lists_the_routes(tmp_path, comm
     assert "unknown provider ''" not in notice["message"]
 
 
-async def test_switch_confirms_with_the_window_and_the_trim_preview(tmp_path):
+async def test_switch_answers_with_the_new_routes_window_and_trim_preview(tmp_path):
     with serve(settings_for(tmp_path)) as address:
         async with client(address) as c:
             await c.hello()
             await c.send("message", id="m1", content="/model demo/demo-open")
-            frames = await c.until("notice")
-            assert contexts(frames, "switch")[0]["model"] == "demo-open"
-            assert frames[-1]["code"] == "switched" and "not published" in frames[-1]["message"]
+            switched = (await c.until("context"))[-1]
+            assert switched["reason"] == "switch" and switched["model"] == "demo-open"
+            assert "model_context_window" not in switched and switched["context_token_budget"] == 32000
             for n in range(4):
                 await c.say(f"echo {n} " + "lorem ipsum " * 250)
             await c.send("switch_model", route="demo/demo-small")
-            frames = await c.until("notice")
-    message = frames[-1]["message"]
-    assert "4,096 tokens" in message and "drops the oldest" in message
+            back = (await c.until("context"))[-1]
+    assert back["reason"] == "switch" and back["model_context_window"] == 4096
+    assert back["trim_preview"]["turns"] >= 1
