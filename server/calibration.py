@@ -13,6 +13,9 @@ Contract:
   count are ignored (a provider that reports 0 input tokens says nothing about its tokenizer).
 - A route never observed has ratio 1, so ``apply`` returns the estimate unchanged.
 - Routes are keyed by ``provider/model`` only: a hint or fallback call on the same pair shares it.
+- ``ratio`` (what the meter reads) falls back, for a pair never observed, to the pair of the same
+  provider alias observed last: after a switch to a sibling model the same server's tokenizer is a
+  better first guess than 1. ``apply`` stays strictly per pair.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class Calibrations:
     def __init__(self, alpha: float = DEFAULT_ALPHA) -> None:
         self._alpha = alpha
         self._by_route: dict[str, Calibration] = {}
+        self._last_of_provider: dict[str, Calibration] = {}
 
     def observe(self, route: _Named | str, estimate: int, reported: int) -> None:
         key = _key(route)
@@ -73,6 +77,7 @@ class Calibrations:
         if calibration is None:
             calibration = self._by_route[key] = Calibration(self._alpha)
         calibration.observe(estimate, reported)
+        self._last_of_provider[key.partition("/")[0]] = calibration
 
     def apply(self, route: _Named | str, estimate: int) -> int:
         calibration = self._by_route.get(_key(route))
@@ -80,7 +85,8 @@ class Calibrations:
 
     def ratio(self, route: _Named | str) -> float:
         """The route's learned ratio; 1.0 for a route never observed."""
-        calibration = self._by_route.get(_key(route))
+        key = _key(route)
+        calibration = self._by_route.get(key) or self._last_of_provider.get(key.partition("/")[0])
         return 1.0 if calibration is None or calibration.observations == 0 else calibration.ratio
 
 

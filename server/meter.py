@@ -41,12 +41,32 @@ def tool_schema_tokens(tools: Sequence[ToolSpec]) -> int:
     return -(-size // 4)
 
 
+MIN_MARGINAL_RAW = 32  # a smaller step between two counts says too little about the ratio
+RATIO_MIN, RATIO_MAX = 0.25, 4.0
+
+
 @dataclass(frozen=True)
 class Anchor:
-    """What the provider counted for one request: ``reported`` tokens where we estimated ``raw``."""
+    """What the provider counted for one request: ``reported`` tokens where we estimated ``raw``;
+    ``ratio``, when known, is the marginal ratio between this session's successive counts (what the
+    tokens added since cost), which the pieces a conversation adds match better than a whole-request
+    ratio pulled by the system prompt and the tool schemas."""
 
     raw: int
     reported: int
+    ratio: float | None = None
+
+    def then(self, raw: int, reported: int) -> Anchor:
+        """The anchor after the provider counted ``reported`` for a request estimated at ``raw``."""
+        step = raw - self.raw
+        if step < MIN_MARGINAL_RAW:
+            return Anchor(raw, reported, self.ratio)
+        sample = min(RATIO_MAX, max(RATIO_MIN, (reported - self.reported) / step))
+        return Anchor(raw, reported, sample if self.ratio is None else (sample + self.ratio) / 2)
+
+
+def next_anchor(previous: Anchor | None, raw: int, reported: int) -> Anchor:
+    return Anchor(raw, reported) if previous is None else previous.then(raw, reported)
 
 
 @dataclass(frozen=True)
@@ -60,16 +80,21 @@ class Reading:
     anchor: Anchor | None = None
     reserve: int = 0
 
+    @property
+    def step_ratio(self) -> float:
+        """What a raw token added to (or dropped from) the anchored request counts."""
+        return self.anchor.ratio or self.ratio if self.anchor is not None else self.ratio
+
     def count(self, raw: int) -> int:
         """The route's count for a request whose raw estimate (tools included) is ``raw``."""
         if self.anchor is not None:
-            return max(0, self.anchor.reported + math.ceil(self.ratio * (raw - self.anchor.raw)))
+            return max(0, self.anchor.reported + math.ceil(self.step_ratio * (raw - self.anchor.raw)))
         return max(0, math.ceil(self.ratio * raw))
 
     def raw_for(self, figure: int) -> int:
         """The largest raw estimate (tools included) whose ``count`` stays within ``figure``."""
         if self.anchor is not None:
-            return self.anchor.raw + math.floor((figure - self.anchor.reported) / self.ratio)
+            return self.anchor.raw + math.floor((figure - self.anchor.reported) / self.step_ratio)
         return math.floor(figure / self.ratio)
 
     @property
@@ -143,7 +168,7 @@ class Meter:
         if reading.target <= 0:
             return None
         turns, tokens = ledger.preview(reading.raw_history_budget())
-        return {"turns": turns, "tokens": math.ceil(tokens * reading.ratio)} if turns else None
+        return {"turns": turns, "tokens": math.ceil(tokens * reading.step_ratio)} if turns else None
 
 
 def breakdown(reading: Reading, ledger: HistoryLedger, left_out: Sequence[ChatMessage]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from server.compaction_runner import Compaction, NoCompaction
 from server.errors import CapacityExceeded, ContextOverflow, HistoryUnfit, MeterchatError, error_frame
 from server.history import ChatMessage, ToolCall, estimate_history_tokens
 from server.history_trim import REASON_OVERFLOW, TrimReport, cap_tool_result, recovery_budget, sweep_orphans
-from server.meter import Anchor, Reading
+from server.meter import Reading, next_anchor
 from server.protocol import server_frame
 from server.providers.base import (
     Finish,
@@ -125,13 +125,17 @@ class Turn:
                                f"no older turn is left to drop: the newest turn alone does not fit")
         await self.apply_trim(report, reading, reading.history_figure(raw))
 
+    def anchor(self, raw: int, reported: int) -> None:
+        anchors = self.session.anchors
+        anchors[self.route.name] = next_anchor(anchors.get(self.route.name), raw, reported)
+
     async def learn_from(self, overflow: ContextOverflow) -> None:
         """An overflow that names the provider's count calibrates; one that names its limit is the
         route's window from now on (kept in the store), so the next turn trims before it sends."""
         sent, counted = self.sent, overflow.requested_tokens or 0
         if sent is not None and plausible(sent.estimate, counted):
             self.rt.resolver.calibration.observe(self.route, sent.estimate, counted)
-            self.session.anchors[self.route.name] = Anchor(sent.estimate, counted)
+            self.anchor(sent.estimate, counted)
         if overflow.limit_tokens and await self.rt.resolver.learn_window(self.route, overflow.limit_tokens):
             self.emit("notice", code="window_learned", turn_id=self.turn_id, message=(
                 f"{self.route.name} refused the request for context length and named its window: "
@@ -257,7 +261,7 @@ class Turn:
                 f"or context_window for this provider so meterchat trims whole turns instead."))
         elif usage.input_tokens > 0:  # a truncated count says nothing about the tokenizer: kept out
             calibration.observe(self.route, reading.estimate, usage.input_tokens)
-            self.session.anchors[self.route.name] = Anchor(reading.estimate, usage.input_tokens)
+            self.anchor(reading.estimate, usage.input_tokens)
         cost = self.rt.resolver.cost(self.route, usage.input_tokens, usage.output_tokens)
         self.add_to_totals(usage, cost)
         await self.rt.store.record_call(self.session.id, CallRecord(

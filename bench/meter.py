@@ -1,0 +1,196 @@
+"""Meter accuracy: the meter's figure before each send against what the provider then counted.
+
+    python bench/meter.py [--quick] [--verbose]
+
+A real meterchat server (in a thread) talks to the fake OpenAI provider (``tests/fakes``, a real
+HTTP server on 127.0.0.1) whose tokenizer is nothing like meterchat's estimate: 1.3 tokens a word or
+punctuation mark, 3 a message, 765 an image, tool schemas at 3.8 bytes a token. The fake enforces a
+window per model and refuses a longer prompt with OpenAI's overflow error, which names the window.
+Scripted conversations (short chat, long replies, tool loops with long results, images, a switch to
+a smaller model, a model whose window is not published) are replayed, and for every provider call
+the bench pairs the ``context`` frame sent before it (``reason: "send"``) with the fake's count.
+
+Printed per scenario: the error's median and worst case from the third turn on, and the sends the
+provider refused for length although the meter had shown them as fitting (window known; and window
+unknown, where "fitting" means within the trimming budget). ``--verbose`` prints every call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.fakes.base import Call, Reply, running  # noqa: E402
+from tests.fakes.openai_fake import FakeOpenAI  # noqa: E402
+from tests.support import client, serve, settings_for  # noqa: E402
+
+WINDOWS = {"big": 32768, "small": 4096, "open": 8192}  # what the fake enforces
+PNG = {"media_type": "image/png", "data": "iVBORw0KGgo="}
+WORDS = ("meter context window budget token estimate provider reply history trim route model "
+         "anchor calibration session breadcrumb summary image schema tool result").split()
+
+
+def fake_count(body: dict[str, Any]) -> int:
+    """The fake tokenizer: deliberately unlike meterchat's bytes / 4."""
+    total = 0
+    for message in body["messages"]:
+        total += 3
+        parts = message.get("content") or ""
+        for part in parts if isinstance(parts, list) else [{"type": "text", "text": parts}]:
+            if part.get("type") == "image_url":
+                total += 765
+            else:
+                total += math.ceil(1.3 * len(re.findall(r"\w+|[^\w\s]", part.get("text", ""))))
+        for call in message.get("tool_calls") or ():
+            total += math.ceil(1.3 * len(re.findall(r"\w+|[^\w\s]", json.dumps(call["function"]))))
+    return total + math.ceil(len(json.dumps(body.get("tools") or [])) / 3.8)
+
+
+def prose(words: int, seed: int) -> str:
+    return " ".join(WORDS[(seed * 7 + n * 3) % len(WORDS)] + ("." if n % 11 == 10 else "")
+                    for n in range(words))
+
+
+@dataclass
+class Fake:
+    """Answers every request: an overflow past the model's window, a tool call when asked to look
+    something up (once per turn), else a reply of the length the user asked for."""
+
+    counts: list[int] = field(default_factory=list)
+
+    def reply(self, body: dict[str, Any]) -> Reply:
+        count = fake_count(body)
+        self.counts.append(count)
+        window = WINDOWS[body["model"]]
+        if count > window:
+            return FakeOpenAI.overflow(window=window, requested=count)
+        last = body["messages"][-1]
+        text = last.get("content") if isinstance(last.get("content"), str) else ""
+        if last["role"] == "user" and body.get("tools") and "look up" in text:
+            return Reply(tool_calls=[Call("lookup_document", {"title": "paper moon"})], usage=(count, 12))
+        asked = re.search(r"reply (\d+)", "".join(p.get("text", "") for p in _parts(last)))
+        length = int(asked.group(1)) if asked and last["role"] == "user" else 40
+        return Reply(text=[prose(length, len(self.counts))], usage=(count, length))
+
+
+def _parts(message: dict[str, Any]) -> list[dict[str, Any]]:
+    content = message.get("content") or ""
+    return content if isinstance(content, list) else [{"type": "text", "text": content}]
+
+
+def scenarios(turns: int) -> dict[str, tuple[str, list[tuple[str, Any]]]]:
+    """name -> (starting route, steps); a step is ("say", (text, images)) or ("switch", route)."""
+    def say(text: str, images: int = 0) -> tuple[str, Any]:
+        return "say", (text, [PNG] * images)
+
+    return {
+        "short chat": ("p/big", [say(f"question {n}: {prose(12, n)}? reply 30") for n in range(turns)]),
+        "long replies": ("p/big", [say(f"{prose(40, n)} reply 700") for n in range(turns)]),
+        "tool loops": ("p/big", [say(f"look up paper moon, part {n}") for n in range(turns)]),
+        "images": ("p/big", [say(f"what is in picture {n}? reply 60", images=1) for n in range(turns)]),
+        "switch to smaller": ("p/big", [say(f"{prose(60, n)} reply 300") for n in range(turns)]
+                              + [("switch", "p/small")]
+                              + [say(f"and now {n}? reply 200") for n in range(max(3, turns // 2))]),
+        "unknown window": ("p/open", [say(f"{prose(200, n)} reply 500") for n in range(turns + 4)]),
+    }
+
+
+@dataclass
+class Send:
+    turn: int
+    figure: int
+    count: int
+    window: int | None
+    budget: int
+    overflowed: bool
+
+
+@dataclass
+class Result:
+    sends: list[Send] = field(default_factory=list)
+    refused: int = 0  # capacity_exceeded: meterchat refused before sending
+
+
+async def replay(address: str, fake: Fake, route: str, steps: list[tuple[str, Any]]) -> Result:
+    result = Result()
+    async with client(address) as c:
+        await c.hello()
+        await c.send("switch_model", route=route)
+        await c.until("context")
+        turn = 0
+        for kind, value in steps:
+            if kind == "switch":
+                await c.send("switch_model", route=value)
+                await c.until("context")
+                continue
+            turn += 1
+            first = len(fake.counts)
+            text, images = value
+            frames = await c.say(text, images=images) if images else await c.say(text)
+            _collect(result, turn, frames, fake.counts[first:])
+    return result
+
+
+def _collect(result: Result, turn: int, frames: list[dict[str, Any]], counts: list[int]) -> None:
+    sends = [f for f in frames if f["type"] == "context" and f["reason"] == "send"]
+    result.refused += sum(1 for f in frames if f["type"] == "error" and f["code"] == "capacity_exceeded")
+    for frame, count in zip(sends, counts, strict=False):
+        window = frame.get("model_context_window")
+        result.sends.append(Send(turn, frame["estimated_tokens"], count, window,
+                                 frame["context_token_budget"], count > WINDOWS[frame["model"]]))
+
+
+def summary(name: str, result: Result) -> str:
+    errors = [abs(s.figure - s.count) / s.count for s in result.sends if s.turn >= 3]
+    fitting_known = sum(1 for s in result.sends if s.overflowed and s.window and s.figure <= s.window)
+    fitting_unknown = sum(1 for s in result.sends if s.overflowed and not s.window and s.figure <= s.budget)
+    overflows = sum(1 for s in result.sends if s.overflowed)
+    median = f"{statistics.median(errors):.1%}" if errors else "-"
+    worst = f"{max(errors):.1%}" if errors else "-"
+    return (f"| {name} | {len(result.sends)} | {median} | {worst} | {overflows} | {fitting_known} | "
+            f"{fitting_unknown} | {result.refused} |")
+
+
+async def run(turns: int, verbose: bool) -> None:
+    fake = Fake()
+    with running(FakeOpenAI(), "/v1") as provider, tempfile.TemporaryDirectory() as tmp:
+        provider.default = fake.reply
+        data = {"providers": {"p": {"kind": "openai", "base_url": provider.base_url, "model": "big",
+                                    "context_window": WINDOWS["big"], "discover_window": False,
+                                    "models": {"small": WINDOWS["small"], "open": 0}}}}
+        with serve(settings_for(Path(tmp), data)) as address:
+            print("| scenario | calls | median error (turn 3+) | worst (turn 3+) | overflows | "
+                  "overflowed, shown fitting (window known) | same, window unknown | refused |")
+            print("|---|---|---|---|---|---|---|---|")
+            for name, (route, steps) in scenarios(turns).items():
+                result = await replay(address, fake, route, steps)
+                print(summary(name, result))
+                if verbose:
+                    for s in result.sends:
+                        print(f"    turn {s.turn}: meter {s.figure:,} provider {s.count:,} "
+                              f"({(s.figure - s.count) / s.count:+.1%}){' overflow' if s.overflowed else ''}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a few turns per scenario (about a second)")
+    parser.add_argument("--verbose", action="store_true", help="every call's figure and count")
+    args = parser.parse_args()
+    anyio.run(run, 4 if args.quick else 12, args.verbose)
+
+
+if __name__ == "__main__":
+    main()
