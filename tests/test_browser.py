@@ -129,11 +129,12 @@ def test_meter_follows_the_route_and_says_when_the_window_is_unknown(page: Page)
     page.get_by_test_id("model-picker").select_option("demo/demo-open")
     expect(page.get_by_test_id("meter-route")).to_have_text("demo/demo-open")
     window = page.get_by_test_id("meter-window")
-    expect(window).to_contain_text("window unknown")
+    expect(window).to_contain_text("window not published")  # issue 10: words a person understands
     expect(window).not_to_contain_text("4,096")
     expect(meter).to_have_attribute("data-window-known", "false")
     expect(meter).to_have_attribute("title", re.compile("Context window: unknown"))
-    expect(page.get_by_test_id("meter-budget-marker")).to_be_hidden()
+    # issue 10: the budget is the scale's end, marked and labelled
+    expect(page.get_by_test_id("meter-budget-marker")).to_be_visible()
     assert page.get_by_test_id("meter-used").inner_text()
 
     send_and_wait(page, "echo now on the open model")
@@ -168,10 +169,10 @@ def test_meter_levels_and_a_missing_window_clears_the_old_one(page: Page) -> Non
     expect(meter).to_have_attribute("data-level", "danger")
     expect(preview).to_be_hidden()  # a frame without a preview clears the old one
     feed(page, {**base, "estimated_tokens": 500})  # no window: the budget is the scale
-    expect(page.get_by_test_id("meter-window")).to_have_text("1,000 budget (window unknown)")
+    expect(page.get_by_test_id("meter-window")).to_have_text("1,000 budget; window not published")
     expect(page.get_by_test_id("meter-percent")).to_have_text("50%")
     feed(page, {**base, "estimated_tokens": 500, "context_token_budget": 0})
-    expect(page.get_by_test_id("meter-window")).to_have_text("window unknown")
+    expect(page.get_by_test_id("meter-window")).to_have_text("window not published")
     expect(meter).to_have_attribute("data-level", "unknown")
     expect(page.get_by_test_id("meter-percent")).to_have_text("")
 

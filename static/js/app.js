@@ -6,7 +6,7 @@ import { Composer } from "./composer.js";
 import { ConversationView } from "./conversation.js";
 import { copyText, uuid } from "./dom.js";
 import { installShortcuts } from "./keys.js";
-import { Meter } from "./meter.js";
+import { Meter, switchedLine } from "./meter.js";
 import { Transcript } from "./model.js";
 import { Sessions } from "./sessions.js";
 import { Connection } from "./socket.js";
@@ -98,6 +98,7 @@ const handlers = {
   accepted: (f) => transcript.accepted(f),
   context(f) {
     meter.render("context", f);
+    if (f.reason === "switch") transcript.notice({ code: "switched", message: switchedLine(f) });
     composer.render("trimPreview", f.trim_preview);
     // Hints and fallbacks serve one call; only a switch or the default is the session's choice.
     if (f.route_kind === "switch" || f.route_kind === "default") composer.render("route", f);

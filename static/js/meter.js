@@ -1,8 +1,9 @@
 // The context meter: how full the prompt of the route that serves the next call is.
 //
-// Numerator: `estimated_tokens` (labelled estimate or provider count). Denominator: the route's
-// `model_context_window` when known; otherwise the trimming budget, and the meter says the window is
-// unknown rather than inventing one. A budget below a known window is drawn as a marker on the bar.
+// Numerator: `estimated_tokens`, the server's figure for the next request (anchored on a provider count
+// or an estimate). Denominator: the route's `model_context_window` when known; otherwise the trimming
+// budget, in words ("~3,704 of a 32,000 budget; window not published"), never an invented window. The
+// budget is a marker on the bar with a visible label (touch screens show no tooltips).
 
 import { el, fmt, routeLabel } from "./dom.js";
 
@@ -33,6 +34,9 @@ export class Meter {
     this.q = (id) => root.querySelector(`[data-testid="${id}"]`);
     this.toggle = this.q("meter-toggle");
     this.panel = this.q("meter-breakdown");
+    this.numbers = root.querySelector(".meter-numbers");
+    this.markerLabel = el("span", { class: "meter-budget-label", "data-testid": "meter-budget-label", hidden: true });
+    this.q("meter-bar").append(this.markerLabel);
     this.last = null;
     this.trims = [];
     this.toggle.addEventListener("click", () => this.setOpen(this.panel.hidden));
@@ -85,15 +89,25 @@ export class Meter {
     this.q("meter-route-kind").textContent = f.route_kind === "default" ? "" : f.route_kind;
     this.q("meter-used").textContent = `${f.tokens_source === "estimate" ? "~" : ""}${fmt(used)}`;
     this.q("meter-window").textContent = windowText(windowKnown, f, budget);
+    this.numbers.replaceChildren(...numberParts(windowKnown, budget, this.q("meter-used"), this.q("meter-window"), this.q("meter-percent")));
     this.q("meter-source").textContent = f.tokens_source === "provider" ? "provider count" : "estimate";
     this.q("meter-percent").textContent = ratio === null ? "" : `${Math.round(ratio * 100)}%`;
 
     const fill = this.q("meter-fill");
     fill.style.width = `${ratio === null ? 0 : Math.min(100, ratio * 100)}%`;
     const marker = this.q("meter-budget-marker");
-    const showMarker = windowKnown && budget > 0 && budget < f.model_context_window;
+    // A known window: the budget is marked where it sits below it. Unknown: the budget is the scale's end.
+    const showMarker = budget > 0 && (!windowKnown || budget < f.model_context_window);
+    const at = windowKnown ? (budget / f.model_context_window) * 100 : 100;
     marker.hidden = !showMarker;
-    if (showMarker) marker.style.left = `${(budget / f.model_context_window) * 100}%`;
+    this.markerLabel.hidden = !showMarker;
+    this.root.dataset.marker = String(showMarker);
+    if (showMarker) {
+      marker.style.left = `${at}%`;
+      this.markerLabel.style.left = `${at}%`;
+      this.markerLabel.dataset.edge = at > 70 ? "end" : "start";
+      this.markerLabel.textContent = `${windowKnown ? "trims at" : "budget"} ${fmt(budget)}`;
+    }
 
     this.root.title = tooltip(f, windowKnown, budget, ratio);
   }
@@ -101,8 +115,30 @@ export class Meter {
 
 function windowText(windowKnown, f, budget) {
   if (windowKnown) return fmt(f.model_context_window);
-  if (budget > 0) return `${fmt(budget)} budget (window unknown)`;
-  return "window unknown";
+  if (budget > 0) return `${fmt(budget)} budget; window not published`;
+  return "window not published";
+}
+
+// "~1,234 / 4,096 tokens 30%", "~1,234 of a 32,000 budget; window not published 4%" or
+// "~1,234 tokens; window not published": the words around the numbers change with what is known.
+function numberParts(windowKnown, budget, used, window, percent) {
+  if (windowKnown) return [used, " / ", window, " tokens ", percent];
+  if (budget > 0) return [used, " of a ", window, " ", percent];
+  return [used, " tokens; ", window, percent];
+}
+
+// The line the conversation shows when a switch took effect: the new route's window and trim preview.
+export function switchedLine(f) {
+  const route = routeLabel(f.provider, f.model);
+  const size = typeof f.model_context_window === "number"
+    ? `its window is ${fmt(f.model_context_window)} tokens`
+    : `its window is not published; meterchat trims to a ${fmt(f.context_token_budget)}-token budget`;
+  let text = `Switched to ${route}: ${size}; the next request is ~${fmt(f.estimated_tokens)} tokens`;
+  if (f.trim_preview) {
+    const turns = f.trim_preview.turns;
+    text += `, so the next send drops the oldest ${fmt(turns)} turn${turns === 1 ? "" : "s"} (~${fmt(f.trim_preview.tokens)} tokens)`;
+  }
+  return `${text}.`;
 }
 
 function tooltip(f, windowKnown, budget, ratio) {
@@ -139,7 +175,8 @@ function breakdownRows(f) {
     rows.push(["budget", "Trimming budget", f.context_token_budget > 0 ? `${fmt(f.context_token_budget)} tokens` : "none (trimming off)"]);
   }
   if (typeof f.model_context_window === "number") rows.push(["window", "Context window", `${fmt(f.model_context_window)} tokens`]);
-  else rows.push(["window", "Context window", "unknown for this route"]);
+  else rows.push(["window", "Context window", "not published for this route; the bar's scale is the trimming budget"]);
+  if (f.context_token_budget > 0) rows.push(["marker", "Budget marker", "where meterchat starts dropping the oldest turns"]);
   if (f.window_source) rows.push(["window-source", "Window from", windowSource(f.window_source)]);
   // Fields a later server may send: shown when present, never guessed.
   for (const [key, label] of OPTIONAL_PARTS) if (typeof f[key] === "number") rows.push([key.replace(/_/g, "-"), label, `${fmt(f[key])} tokens`]);

@@ -164,7 +164,9 @@ export class Transcript {
 
   done(f) {
     const entry = this.reply(f.turn_id);
-    const parts = [`${fmt(f.input_tokens)} in`, `${fmt(f.output_tokens)} out`];
+    // The input sums the turn's provider calls: a tool loop says how many, so it is not read as one prompt.
+    const calls = typeof f.calls === "number" && f.calls > 1 ? ` (${fmt(f.calls)} calls)` : "";
+    const parts = [`${fmt(f.input_tokens)} in${calls}`, `${fmt(f.output_tokens)} out`];
     if (typeof f.cost_usd === "number" && f.cost_usd > 0) parts.push(`$${f.cost_usd.toFixed(4)}`);
     const route = f.model ? `${f.provider}/${f.model}` : f.provider;
     this.update(entry, { text: f.full_response ?? entry.text, state: "done", route, foot: parts.join(" · "), doneAt: Date.now() });
