@@ -1,6 +1,6 @@
 """Settings: one declarative table, read once from a TOML file and the environment.
 
-Every scalar setting of ``[server]``, ``[runtime]``, ``[runtime.history_pruning]`` and
+Every scalar setting of ``[server]``, ``[store]``, ``[runtime]``, ``[runtime.history_pruning]`` and
 ``[runtime.compaction]`` can be overridden by ``METERCHAT_<SECTION>_<KEY>`` (dots in the section
 become underscores, e.g. ``METERCHAT_RUNTIME_HISTORY_PRUNING_ENABLED``); ``METERCHAT_DATA_DIR`` and
 ``METERCHAT_DEFAULT_ROUTE`` are short forms. A bad file stops start-up with a ``ConfigError`` naming
@@ -41,6 +41,10 @@ SCHEMA: dict[str, tuple[Setting, ...]] = {
         Setting("coalesce_ms", int, 0, "Join chunk frames arriving within this many ms; 0 = off."),
         Setting("store_flush_ms", int, 250, "How often a streaming reply is written to the store."),
         Setting("keep_generating", bool, True, "Keep generating when the browser disconnects."),
+    ),
+    "store": (
+        Setting("url", str, "", "postgresql://USER@HOST:PORT/DB for the shared store; empty = SQLite."),
+        Setting("pool_size", int, 10, "Most PostgreSQL connections one server holds."),
     ),
     "runtime": (
         Setting("max_context_tokens", int, None, "Absolute token budget; 0 disables proactive trimming."),
@@ -105,6 +109,12 @@ class ServerSettings:
     coalesce_ms: int
     store_flush_ms: int
     keep_generating: bool
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    url: str = ""
+    pool_size: int = 10
 
 
 @dataclass(frozen=True)
@@ -188,6 +198,7 @@ class Settings:
     model_routes: list[ModelRoute]
     classifier_rules: list[ClassifierRule]
     source: str = "embedded default"
+    store: StoreSettings = field(default_factory=StoreSettings)
 
 
 DEMO_PROFILE = ProviderProfile(
@@ -317,7 +328,7 @@ def check_route(route: str, providers: Mapping[str, ProviderProfile], key: str) 
 def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
                           source: str = "embedded default") -> Settings:
     env = os.environ if env is None else env
-    allowed = {"server", "runtime", "providers", "default_route", "model_routes", "classifier"}
+    allowed = {"server", "store", "runtime", "providers", "default_route", "model_routes", "classifier"}
     for key in data:
         if key not in allowed:
             raise ConfigError(f"{key}: unknown setting")
@@ -345,7 +356,7 @@ def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None
         check_route(route.provider, providers, f"model_routes[{index}].provider")
     rules = [ClassifierRule(**row) for row in _read_list(classifier, "rules", RULE_SCHEMA, "classifier.")]
     return Settings(ServerSettings(**server), RuntimeSettings(**runtime), providers, default_route,
-                    routes, rules, source)
+                    routes, rules, source, StoreSettings(**_read_section(data, "store", env)))
 
 
 def load_settings(path: str | os.PathLike[str] | None = None,
