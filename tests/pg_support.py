@@ -74,7 +74,8 @@ class PgCluster:
     port: int
     folder: Path
     process: subprocess.Popen[str]
-    log: list[str] = field(default_factory=list)
+    watcher: threading.Thread
+    log: list[str]
     _names: Iterator[int] = field(default_factory=itertools.count)
 
     def url(self, database: str = "postgres") -> str:
@@ -117,16 +118,18 @@ def _start(bin_dir: Path, folder: Path, owner: dict[str, Any]) -> PgCluster:
          "-p", str(port), *FAST],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         **owner)
-    cluster = PgCluster(port, folder, process)
     ready = threading.Event()
-    threading.Thread(target=_watch, args=(process, cluster.log, ready), daemon=True).start()
+    watcher = threading.Thread(target=_watch, args=(process, log := [], ready), daemon=True)
+    cluster = PgCluster(port, folder, process, watcher, log)
+    watcher.start()
     if not ready.wait(START_SECONDS) or process.poll() is not None:
-        _stop(process)
-        raise RuntimeError("postgres did not start:\n" + "".join(cluster.log))
+        _stop(cluster)
+        raise RuntimeError("postgres did not start:\n" + "".join(log))
     return cluster
 
 
-def _stop(process: subprocess.Popen[str]) -> None:
+def _stop(cluster: PgCluster) -> None:
+    process = cluster.process
     if process.poll() is None:
         process.send_signal(signal.SIGINT)  # "fast" shutdown; SIGTERM's "smart" one waits for clients
         try:
@@ -134,6 +137,9 @@ def _stop(process: subprocess.Popen[str]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+    cluster.watcher.join()  # it ends at the pipe's end of file, then the pipe can close
+    assert process.stderr is not None
+    process.stderr.close()
 
 
 @contextlib.contextmanager
@@ -150,7 +156,7 @@ def running_cluster() -> Iterator[PgCluster]:
         try:
             yield cluster
         finally:
-            _stop(cluster.process)
+            _stop(cluster)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
