@@ -60,7 +60,7 @@ CREATE TABLE IF NOT EXISTS calls (
 CREATE INDEX IF NOT EXISTS calls_session ON calls (session_id, seq);
 """
 
-# PostgreSQL keeps a message as one JSON document (``message_to_data`` less the id): the codec is
+# PostgreSQL keeps a message as one JSON document (``message_to_data``): the codec is
 # the single description of a message, and ``json`` (unlike ``jsonb`` and ``text``) keeps a NUL
 # character a model may emit. Timestamps stay ISO-8601 text so both backends sort them alike.
 _POSTGRES_1 = """

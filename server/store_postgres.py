@@ -3,7 +3,7 @@
 Chosen by ``[store] url = "postgresql://..."``. Several meterchat instances may share one database:
 every write is one transaction, and writes to one session queue on its ``sessions`` row (each write
 first updates ``updated_at``, which locks the row), so positions computed inside a write never
-collide. A message is one JSON document (``message_to_data`` less its id) beside its order key;
+collide. A message is one JSON document (``message_to_data``) beside its key and order;
 calls keep typed columns so usage can be summed in SQL.
 
 Opening (``PostgresStore.open``) connects once, synchronously, and runs the pending migrations
@@ -21,10 +21,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
+from psycopg.abc import Buffer
 from psycopg.types.json import Json
+from psycopg.types.string import StrDumperUnknown
 from psycopg_pool import AsyncConnectionPool
 
-from server.errors import ConfigError, SessionExists, UnknownSession
+from server.errors import ConfigError, SessionExists, StoreUnavailable, UnknownSession
 from server.history import ChatMessage
 from server.migrations import migrate_postgres
 from server.store import (
@@ -51,14 +53,22 @@ _SUMMARY = ("SELECT s.id, s.title, s.route, s.created_at, s.updated_at, "
             "(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id) FROM sessions s")
 
 
+class _NulSafeText(StrDumperUnknown):
+    """PostgreSQL text cannot hold NUL (SQLite can): a title or id carrying one gets U+FFFD there.
+    Message documents keep every character: JSON escapes NUL."""
+
+    def dump(self, obj: str) -> Buffer | None:
+        return super().dump(obj.replace("\x00", "\ufffd"))
+
+
+async def _configure(conn: Conn) -> None:
+    conn.adapters.register_dumper(str, _NulSafeText)
+
+
 def _document(message: ChatMessage) -> tuple[str, Json]:
     """(id, data) of ``message``, built before any await so a streaming reply cannot change under it."""
     data = message_to_data(message)
-    return data.pop("id"), Json(data)
-
-
-def _message(message_id: str, data: dict[str, Any]) -> ChatMessage:
-    return message_from_data({**data, "id": message_id})
+    return data["id"], Json(data)
 
 
 def _where(url: str) -> str:
@@ -70,30 +80,38 @@ def _where(url: str) -> str:
 class PostgresStore:
     """The ``server.store.Store`` contract on a PostgreSQL database; build it with ``open_store``."""
 
-    def __init__(self, url: str, pool_size: int) -> None:
+    def __init__(self, url: str, pool_size: int, timeout: float = CONNECT_SECONDS) -> None:
+        # check: a connection is tested when handed out, so one that a database restart closed is
+        # replaced instead of failing the write that drew it.
         self._pool = AsyncConnectionPool(url, min_size=1, max_size=pool_size, open=False,
-                                         timeout=CONNECT_SECONDS, name="meterchat")
+                                         timeout=timeout, name="meterchat", configure=_configure,
+                                         check=AsyncConnectionPool.check_connection)
         self._opened = False
+        self._timeout = timeout
         self._clock = _Clock()
 
     @classmethod
-    def open(cls, url: str, pool_size: int = 10) -> PostgresStore:
+    def open(cls, url: str, pool_size: int = 10, timeout: float = CONNECT_SECONDS) -> PostgresStore:
         where = _where(url)
         try:
-            with psycopg.connect(url, connect_timeout=int(CONNECT_SECONDS)) as conn:
+            with psycopg.connect(url, connect_timeout=max(1, round(timeout))) as conn:
                 migrate_postgres(conn, where)
         except psycopg.Error as exc:
             raise ConfigError(f"store.url: cannot open {where}: {exc}") from exc
-        return cls(url, pool_size)
+        return cls(url, pool_size, timeout)
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[Conn]:
-        """One transaction: committed when the block ends, rolled back when it raises."""
-        if not self._opened:
-            await self._pool.open(wait=True, timeout=CONNECT_SECONDS)
-            self._opened = True
-        async with self._pool.connection() as conn, conn.transaction():
-            yield conn
+        """One transaction: committed when the block ends, rolled back when it raises. A lost
+        server (down, restarting, no connection within ``timeout``) becomes ``StoreUnavailable``."""
+        try:
+            if not self._opened:
+                await self._pool.open(wait=True, timeout=self._timeout)
+                self._opened = True
+            async with self._pool.connection() as conn, conn.transaction():
+                yield conn
+        except psycopg.OperationalError as exc:  # PoolTimeout is one too
+            raise StoreUnavailable(f"the session store cannot be reached: {exc}") from exc
 
     async def _touch(self, conn: Conn, session_id: str) -> str:
         """Stamp the session; its row stays locked until commit, so its writes take turns."""
@@ -131,14 +149,14 @@ class PostgresStore:
             if head is None:
                 return None
             rows = await (await conn.execute(
-                "SELECT id, data FROM messages WHERE session_id = %s ORDER BY position",
+                "SELECT data FROM messages WHERE session_id = %s ORDER BY position",
                 (session_id,))).fetchall()
             calls = await (await conn.execute(
                 f"SELECT {', '.join(_CALL_FIELDS)} FROM calls WHERE session_id = %s ORDER BY seq",
                 (session_id,))).fetchall()
         session_id, title, route, created_at, updated_at = head
         return StoredSession(session_id, title, route, created_at, updated_at,
-                             [_message(*row) for row in rows], [CallRecord(*row) for row in calls])
+                             [message_from_data(row[0]) for row in rows], [CallRecord(*row) for row in calls])
 
     async def get_summary(self, session_id: str) -> SessionSummary | None:
         rows = await self._query(_SUMMARY + " WHERE s.id = %s", (session_id,))

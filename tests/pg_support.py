@@ -24,7 +24,6 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,29 +66,58 @@ def _run_as() -> dict[str, Any]:
     return {"user": nobody.pw_uid, "group": nobody.pw_gid, "extra_groups": []}
 
 
-@dataclass
 class PgCluster:
-    """A running private server; ``url()`` names one of its databases."""
+    """A private server on ``folder``; ``url()`` names one of its databases. ``stop()`` and
+    ``start()`` again keep the data and the port, as an operator's restart would."""
 
-    port: int
-    folder: Path
-    process: subprocess.Popen[str]
-    watcher: threading.Thread
-    log: list[str]
-    _names: Iterator[int] = field(default_factory=itertools.count)
+    def __init__(self, bin_dir: Path, folder: Path, owner: dict[str, Any]) -> None:
+        self.bin_dir, self.folder, self.owner = bin_dir, folder, owner
+        self.port = free_port()
+        self.log: list[str] = []
+        self._process: subprocess.Popen[str] | None = None
+        self._watcher: threading.Thread | None = None
+        self._names = itertools.count()
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://{USER}@127.0.0.1:{self.port}/{database}"
 
-    def admin(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.url(), autocommit=True)
-
     def new_database(self) -> str:
         """A fresh, empty database; returns its URL."""
         name = f"test_{next(self._names)}"
-        with self.admin() as conn:
+        with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {name}")
         return self.url(name)
+
+    def start(self) -> None:
+        """Start the server and return once it says it accepts connections."""
+        self._process = process = subprocess.Popen(
+            [str(self.bin_dir / "postgres"), "-D", str(self.folder / "data"), "-k", str(self.folder),
+             "-h", "127.0.0.1", "-p", str(self.port), *FAST],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            **self.owner)
+        ready = threading.Event()
+        self._watcher = threading.Thread(target=_watch, args=(process, self.log, ready), daemon=True)
+        self._watcher.start()
+        if not ready.wait(START_SECONDS) or process.poll() is not None:
+            self.stop()
+            raise RuntimeError("postgres did not start:\n" + "".join(self.log))
+
+    def stop(self) -> None:
+        """A "fast" shutdown (SIGINT): clients are disconnected, as when a database goes away."""
+        process, watcher = self._process, self._watcher
+        if process is None or watcher is None:
+            return
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)  # SIGTERM's "smart" shutdown would wait for clients
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        watcher.join()  # it ends at the pipe's end of file; then the pipe can close
+        assert process.stderr is not None
+        process.stderr.close()
+        self._process = self._watcher = None
 
 
 def _initdb(bin_dir: Path, data: Path, owner: dict[str, Any]) -> None:
@@ -111,37 +139,6 @@ def _watch(process: subprocess.Popen[str], log: list[str], ready: threading.Even
     ready.set()  # the server exited: wake the waiter, who sees the exit code
 
 
-def _start(bin_dir: Path, folder: Path, owner: dict[str, Any]) -> PgCluster:
-    port = free_port()
-    process = subprocess.Popen(
-        [str(bin_dir / "postgres"), "-D", str(folder / "data"), "-k", str(folder), "-h", "127.0.0.1",
-         "-p", str(port), *FAST],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        **owner)
-    ready = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(process, log := [], ready), daemon=True)
-    cluster = PgCluster(port, folder, process, watcher, log)
-    watcher.start()
-    if not ready.wait(START_SECONDS) or process.poll() is not None:
-        _stop(cluster)
-        raise RuntimeError("postgres did not start:\n" + "".join(log))
-    return cluster
-
-
-def _stop(cluster: PgCluster) -> None:
-    process = cluster.process
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)  # "fast" shutdown; SIGTERM's "smart" one waits for clients
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    cluster.watcher.join()  # it ends at the pipe's end of file, then the pipe can close
-    assert process.stderr is not None
-    process.stderr.close()
-
-
 @contextlib.contextmanager
 def running_cluster() -> Iterator[PgCluster]:
     """Start a private cluster; stop it and delete its files on exit."""
@@ -152,11 +149,12 @@ def running_cluster() -> Iterator[PgCluster]:
         if owner:
             os.chown(folder, owner["user"], owner["group"])
         _initdb(bin_dir, folder / "data", owner)
-        cluster = _start(bin_dir, folder, owner)
+        cluster = PgCluster(bin_dir, folder, owner)
+        cluster.start()
         try:
             yield cluster
         finally:
-            _stop(cluster)
+            cluster.stop()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
