@@ -313,3 +313,32 @@ async def test_store_survives_sigkill_mid_stream(backend: Backend) -> None:
     assert ids[1:last + 1] == [f"m{i}" for i in range(1, last + 1)]
     assert f"<{last}>" in session.messages[0].content
     assert session.messages[0].content.startswith("".join(f"<{i}>" for i in range(1, last + 1)))
+
+
+async def test_store_keeps_a_nul_character_in_content(store: Store) -> None:
+    await store.create_session("s", title="t", route="r")
+    await store.append_messages("s", [ChatMessage("assistant", "before\x00after")])
+    session = await store.get_session("s")
+    assert session is not None
+    assert session.messages[0].content == "before\x00after"
+
+
+async def test_store_two_stores_on_one_database_share_a_session(store: Store, backend: Backend) -> None:
+    """Two servers on one database: each sees the other's writes, and interleaved appends all land."""
+    other = backend.open()
+    await store.create_session("s", title="t", route="r")
+
+    async def writer(opened: Store, name: str) -> None:
+        for i in range(15):
+            await opened.append_messages("s", [ChatMessage("user", f"{name}{i}")])
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(writer, store, "a")
+        group.start_soon(writer, other, "b")
+    await other.rename_session("s", "renamed elsewhere")
+    session = await store.get_session("s")
+    await other.close()
+    assert session is not None and session.title == "renamed elsewhere"
+    contents = [m.content for m in session.messages]
+    for name in "ab":
+        assert [c for c in contents if c[0] == name] == [f"{name}{i}" for i in range(15)]
