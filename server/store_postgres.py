@@ -87,12 +87,14 @@ class PostgresStore:
                                          timeout=timeout, name="meterchat", configure=_configure,
                                          check=AsyncConnectionPool.check_connection)
         self._opened = False
-        self._timeout = timeout
         self._clock = _Clock()
 
     @classmethod
     def open(cls, url: str, pool_size: int = 10, timeout: float = CONNECT_SECONDS) -> PostgresStore:
-        where = _where(url)
+        try:
+            where = _where(url)
+        except psycopg.Error as exc:  # its text may quote the URL, password included
+            raise ConfigError("store.url: not a valid PostgreSQL URL") from exc
         try:
             with psycopg.connect(url, connect_timeout=max(1, round(timeout))) as conn:
                 migrate_postgres(conn, where)
@@ -106,7 +108,7 @@ class PostgresStore:
         server (down, restarting, no connection within ``timeout``) becomes ``StoreUnavailable``."""
         try:
             if not self._opened:
-                await self._pool.open(wait=True, timeout=self._timeout)
+                await self._pool.open()  # not wait=True: a pool that times out there closes for good
                 self._opened = True
             async with self._pool.connection() as conn, conn.transaction():
                 yield conn

@@ -77,6 +77,26 @@ async def test_store_lost_database_is_store_unavailable_then_recovers(own_cluste
     assert [m.content for m in session.messages] == ["kept"]
 
 
+async def test_store_first_use_during_an_outage_recovers(own_cluster: PgCluster) -> None:
+    store = PostgresStore.open(own_cluster.new_database(), timeout=1)  # migrated, pool not yet open
+    own_cluster.stop()
+    try:
+        with pytest.raises(StoreUnavailable):
+            await store.create_session("s", title="t", route="r")
+    finally:
+        own_cluster.start()
+    await store.create_session("s", title="t", route="r")
+    summary = await store.get_summary("s")
+    await store.close()
+    assert summary is not None
+
+
+def test_store_url_that_does_not_parse_is_refused_without_echo(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="store.url: not a valid PostgreSQL URL") as err:
+        open_store(tmp_path, "postgresql://meterchat:s3cret@127.0.0.1:99999999999/db?bogus_option=1")
+    assert "s3cret" not in str(err.value)
+
+
 async def test_store_a_server_on_postgresql_keeps_sessions_across_restarts(pg_cluster: PgCluster) -> None:
     url = pg_cluster.new_database()
     with tempfile.TemporaryDirectory() as folder:
