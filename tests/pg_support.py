@@ -139,6 +139,18 @@ def _watch(process: subprocess.Popen[str], log: list[str], ready: threading.Even
     ready.set()  # the server exited: wake the waiter, who sees the exit code
 
 
+def _start_on_a_free_port(cluster: PgCluster, tries: int = 3) -> None:
+    """Another program may take the free port between our probe and the server's bind: try anew."""
+    for attempt in range(tries):
+        try:
+            cluster.start()
+            return
+        except RuntimeError:
+            if attempt == tries - 1:
+                raise
+            cluster.port = free_port()
+
+
 @contextlib.contextmanager
 def running_cluster() -> Iterator[PgCluster]:
     """Start a private cluster; stop it and delete its files on exit."""
@@ -150,7 +162,7 @@ def running_cluster() -> Iterator[PgCluster]:
             os.chown(folder, owner["user"], owner["group"])
         _initdb(bin_dir, folder / "data", owner)
         cluster = PgCluster(bin_dir, folder, owner)
-        cluster.start()
+        _start_on_a_free_port(cluster)
         try:
             yield cluster
         finally:
