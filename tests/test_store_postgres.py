@@ -15,7 +15,8 @@ from server.history import ChatMessage
 from server.store import open_store
 from server.store_postgres import PostgresStore
 from server.store_sqlite import SqliteStore
-from tests.pg_support import PgCluster, free_port, running_cluster
+from tests import pg_support
+from tests.pg_support import PgCluster, PostgresMissing, free_port, running_cluster
 from tests.support import client, serve, settings_for
 
 pytestmark = pytest.mark.anyio
@@ -35,6 +36,13 @@ async def test_store_url_chooses_the_backend(pg_cluster: PgCluster, tmp_path: Pa
     await shared.close()
     assert isinstance(embedded, SqliteStore) and isinstance(shared, PostgresStore)
     assert not (tmp_path / "b").exists()  # the data folder is not used with PostgreSQL
+
+
+def test_pg_support_without_the_binaries_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fixture turns this into a failure (pytest.fail), never a skip: CI must install them."""
+    monkeypatch.setattr(pg_support.glob, "glob", lambda pattern: [])
+    with pytest.raises(PostgresMissing, match="install Debian's `postgresql` package"):
+        pg_support.find_bin_dir()
 
 
 def test_store_url_setting_from_file_and_environment() -> None:
