@@ -1,9 +1,9 @@
 """Per-turn cost of the session's own history path against the length of the transcript:
 ``python bench/session.py``.
 
-Each round does what ``server.session.Turn`` does around one provider call: add the user message,
+Each round does what ``server.turn.Turn`` does around one provider call: add the user message,
 apply the turn limit and the token budget through the session's ``HistoryLedger``, read the meter
-(estimate and trim preview), assemble the request (``view`` + orphan sweep + estimate of what is
+(estimate and trim preview), assemble the request (``to_send`` + orphan sweep + estimate of what is
 sent), then add the reply. Two series:
 
 - bounded: the default turn limit (50) keeps what is sent bounded, so the transcript grows (100 to
@@ -23,11 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from server.channel import FrameChannel  # noqa: E402
 from server.events import EventBus  # noqa: E402
-from server.history import ChatMessage, estimate_history_tokens  # noqa: E402
+from server.history import TRIMMED, ChatMessage, estimate_history_tokens  # noqa: E402
 from server.history_trim import sweep_orphans  # noqa: E402
-from server.live import LiveSession  # noqa: E402
 from server.routing import Route  # noqa: E402
+from server.session import Session  # noqa: E402
 
 SIZES = (100, 1_000, 10_000)
 ROUNDS = 200
@@ -39,24 +40,24 @@ def turn(n: int) -> tuple[ChatMessage, ChatMessage]:
             ChatMessage("assistant", f"answer {n}: " + "reply " * 60, turn_id=str(n)))
 
 
-def session_of(turns: int, limit: int) -> LiveSession:
-    live = LiveSession("bench", "bench", ROUTE, [], EventBus())
+def session_of(turns: int, limit: int) -> Session:
+    live = Session("bench", "bench", ROUTE, [], channel=FrameChannel("bench", EventBus()))
     for n in range(turns):
         live.add(*turn(n))
         for message in live.ledger.trim_turn_count(limit or turns + 1).dropped:
-            message.trimmed = True
+            message.left_out = TRIMMED
     return live
 
 
-def one_turn(live: LiveSession, n: int, limit: int, budget: int) -> None:
+def one_turn(live: Session, n: int, limit: int, budget: int) -> None:
     user, reply = turn(n)
     live.add(user)
     for report in (live.ledger.trim_turn_count(limit), live.ledger.trim(budget)):
         for message in report.dropped:
-            message.trimmed = True
+            message.left_out = TRIMMED
     live.ledger.preview(budget)
     _ = live.ledger.estimate
-    request = sweep_orphans(live.view())
+    request = sweep_orphans(live.to_send())
     estimate_history_tokens(request)
     live.add(reply)
 

@@ -28,12 +28,12 @@ from starlette.websockets import WebSocket
 
 from server.api import api_routes
 from server.config import Settings, load_settings
+from server.connection import Connection
 from server.events import EventBus, sse_stream
 from server.hub import SessionHub
 from server.providers import build_provider
 from server.routing import RouteResolver
 from server.runtime import Runtime
-from server.socket import Connection
 from server.store import open_store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +97,6 @@ def create_app(settings: Settings | None = None) -> Starlette:
             async with anyio.create_task_group() as tasks:
                 rt = Runtime(settings, store, providers, RouteResolver(settings, providers), EventBus(),
                              tasks)
-                rt.compactor = build_compactor(settings) or rt.compactor
                 hub = SessionHub(rt)
                 state.update(rt=rt, hub=hub)
                 yield
@@ -168,10 +167,3 @@ class ApiAuth:
             return
         await self.app(scope, receive, send)  # type: ignore[operator]
 
-
-def build_compactor(settings: Settings) -> object | None:
-    if settings.runtime.compaction.strategy == "none":
-        return None
-    from server.compaction_runner import Compactor
-
-    return Compactor(settings.runtime.compaction)

@@ -64,7 +64,8 @@ SCHEMA: dict[str, tuple[Setting, ...]] = {
     "runtime.compaction": (
         Setting("strategy", str, "none", "none | truncation | summarization (group compaction)."),
         Setting("tokens_exceed", int, 0, "Trigger: compact when sent tokens exceed this; 0 = off."),
-        Setting("target_tokens", int, None, "Stop when at or below this; default 3/4 of the trigger."),
+        Setting("target_tokens", int, None, "Stop when at or below this (0 < target <= trigger); "
+                "unset: stop once the count no longer exceeds the trigger."),
         Setting("minimum_preserved_groups", int, 4, "Newest non-system groups always kept."),
     ),
 }
@@ -201,6 +202,8 @@ class Settings:
     store: StoreSettings = field(default_factory=StoreSettings)
 
 
+# The embedded default's hint, so the README's `/hint open ...` works on a fresh start.
+DEMO_ROUTES = ({"hint": "open", "provider": "demo", "model": "demo-open"},)
 DEMO_PROFILE = ProviderProfile(
     alias="demo", kind="demo", model="demo-small", context_window=4096, models={"demo-open": 0}
 )
@@ -345,13 +348,20 @@ def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None
     if compaction["strategy"] not in COMPACTION_STRATEGIES:
         raise ConfigError(f"runtime.compaction.strategy: expected one of "
                           f"{', '.join(COMPACTION_STRATEGIES)}, got {compaction['strategy']!r}")
+    target, trigger = compaction["target_tokens"], compaction["tokens_exceed"]
+    if target is not None and trigger > 0 and not 0 < target <= trigger:
+        raise ConfigError(f"runtime.compaction.target_tokens: expected 0 < target_tokens <= tokens_exceed "
+                          f"({trigger:,}), got {target:,}")
     runtime["compaction"] = CompactionSettings(**compaction)
     providers = _read_providers(data)
     default_route = env.get("METERCHAT_DEFAULT_ROUTE", data.get("default_route", next(iter(providers))))
     if not isinstance(default_route, str):
         raise ConfigError(f"default_route: expected str, got {default_route!r}")
     check_route(default_route, providers, "default_route")
-    routes = [ModelRoute(**row) for row in _read_list(data, "model_routes", ROUTE_SCHEMA)]
+    rows = _read_list(data, "model_routes", ROUTE_SCHEMA)
+    if not rows and providers.get("demo") is DEMO_PROFILE:
+        rows = [dict(row) for row in DEMO_ROUTES]
+    routes = [ModelRoute(**row) for row in rows]
     for index, route in enumerate(routes):
         check_route(route.provider, providers, f"model_routes[{index}].provider")
     rules = [ClassifierRule(**row) for row in _read_list(classifier, "rules", RULE_SCHEMA, "classifier.")]

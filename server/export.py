@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from server.errors import ImportRejected
-from server.history import ChatMessage
+from server.history import ChatMessage, stored_marks
 from server.store import CallRecord, StoredSession, call_to_data, message_from_data, message_to_data
 
 FORMAT = "meterchat.session"
@@ -163,10 +163,11 @@ def _message_heading(index: int, message: ChatMessage) -> str:
         marks.append("breadcrumb")
     if message.summary:
         marks.append("summary")
-    if message.trimmed:
+    trimmed, excluded = stored_marks(message)
+    if trimmed:
         marks.append("trimmed, no longer sent")
-    if message.excluded is not None:
-        marks.append(f"excluded: {message.excluded}")
+    if excluded is not None:
+        marks.append(f"excluded: {excluded}")
     if message.interrupted:
         marks.append("interrupted")
     suffix = f" _({'; '.join(marks)})_" if marks else ""

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from server.errors import ConfigError
-from server.history import ChatMessage, Image, ToolCall
+from server.history import ChatMessage, Image, ToolCall, left_out_from, stored_marks
 
 
 @dataclass(frozen=True)
@@ -126,12 +126,13 @@ def images_to_data(images: Sequence[Image] | None) -> list[dict[str, str]] | Non
 
 def message_to_data(message: ChatMessage) -> dict[str, Any]:
     """Every public field of ``message`` as JSON-ready data."""
+    trimmed, excluded = stored_marks(message)
     return {
         "id": message.id, "role": message.role, "content": message.content,
         "tool_calls": tool_calls_to_data(message.tool_calls), "tool_call_id": message.tool_call_id,
         "images": images_to_data(message.images), "name": message.name,
-        "breadcrumb": message.breadcrumb, "summary": message.summary, "trimmed": message.trimmed,
-        "excluded": message.excluded, "interrupted": message.interrupted, "turn_id": message.turn_id,
+        "breadcrumb": message.breadcrumb, "summary": message.summary, "trimmed": trimmed,
+        "excluded": excluded, "interrupted": message.interrupted, "turn_id": message.turn_id,
     }
 
 
@@ -145,8 +146,9 @@ def message_from_data(data: dict[str, Any]) -> ChatMessage:
         tool_call_id=data.get("tool_call_id"),
         images=None if images is None else [Image(i["media_type"], i["data"]) for i in images],
         name=data.get("name"), breadcrumb=bool(data.get("breadcrumb")),
-        summary=bool(data.get("summary")), trimmed=bool(data.get("trimmed")),
-        excluded=data.get("excluded"), interrupted=bool(data.get("interrupted")),
+        summary=bool(data.get("summary")),
+        left_out=left_out_from(bool(data.get("trimmed")), data.get("excluded")),
+        interrupted=bool(data.get("interrupted")),
         turn_id=data.get("turn_id"), id=data["id"],
     )
 

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import anyio.to_thread
 
 from server.errors import SessionExists, UnknownSession
-from server.history import ChatMessage
+from server.history import ChatMessage, stored_marks
 from server.migrations import migrate_sqlite
 from server.store import (
     CallRecord,
@@ -65,9 +65,10 @@ def _json(value: Any) -> str | None:
 
 def _row(message: ChatMessage) -> Row:
     """(id, *fields) of ``message``; built on the caller's thread."""
+    trimmed, excluded = stored_marks(message)
     return (message.id, message.role, message.content, _json(tool_calls_to_data(message.tool_calls)),
             message.tool_call_id, _json(images_to_data(message.images)), message.name,
-            int(message.breadcrumb), int(message.summary), int(message.trimmed), message.excluded,
+            int(message.breadcrumb), int(message.summary), int(trimmed), excluded,
             int(message.interrupted), message.turn_id)
 
 

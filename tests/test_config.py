@@ -79,3 +79,17 @@ def test_config_missing_or_broken_file_is_a_config_error(tmp_path):
     broken.write_text("[server\n")
     with pytest.raises(ConfigError, match="broken.toml"):
         load_settings(broken, env={})
+
+
+@pytest.mark.parametrize("target", [0, -5, 1001])
+def test_compaction_target_outside_trigger_is_refused(target: int) -> None:
+    data = {"runtime": {"compaction": {"strategy": "truncation", "tokens_exceed": 1000,
+                                       "target_tokens": target}}}
+    with pytest.raises(ConfigError, match="target_tokens"):
+        settings_from_mapping(data, env={})
+
+
+def test_compaction_target_equal_to_trigger_is_honoured() -> None:
+    data = {"runtime": {"compaction": {"strategy": "truncation", "tokens_exceed": 1000,
+                                       "target_tokens": 1000}}}
+    assert settings_from_mapping(data, env={}).runtime.compaction.target_tokens == 1000

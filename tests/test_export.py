@@ -118,6 +118,6 @@ def test_import_rejects_a_document_that_is_not_an_object(document: Any) -> None:
 def test_import_accepts_a_minimal_document() -> None:
     session = from_json({"format": "meterchat.session", "version": 1, "title": "t", "route": "demo",
                          "messages": [{"id": "m1", "role": "user", "content": "hi"}]})
-    assert [(m.id, m.role, m.content, m.trimmed, m.tool_calls) for m in session.messages] == \
-        [("m1", "user", "hi", False, None)]
+    assert [(m.id, m.role, m.content, m.left_out, m.tool_calls) for m in session.messages] == \
+        [("m1", "user", "hi", None, None)]
     assert session.calls == []

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from server.errors import ConfigError
+from server.history import stored_marks
 from server.migrations import MIGRATIONS, Migration, migrate_postgres, migrate_sqlite
 from server.store import open_store
 from server.store_sqlite import FILE_NAME
@@ -160,8 +161,9 @@ async def test_migrations_a_file_from_before_migrations_loads(tmp_path: Path) ->
     assert session is not None and session.title == "Old ✓"
     look, call = session.messages
     assert look.images is not None and call.tool_calls is not None
-    assert (look.images[0].data, look.trimmed, look.turn_id) == ("aGVsbG8=", True, "t1")
-    assert (call.tool_calls[0].arguments, call.excluded, call.interrupted) == ({"q": "x"}, "compacted", True)
+    assert (look.images[0].data, stored_marks(look), look.turn_id) == ("aGVsbG8=", (True, None), "t1")
+    assert (call.tool_calls[0].arguments, stored_marks(call), call.interrupted) == (
+        {"q": "x"}, (False, "compacted"), True)
     assert session.calls[0].cost_usd == 0.25
     with closing(sqlite_connection(tmp_path)) as raw:
         assert raw.execute("SELECT version FROM schema_migrations").fetchall() == [(1,)]

@@ -136,7 +136,7 @@ async def test_anthropic_translates_tools_images_and_merges_roles(
                     tool_calls=[ToolCall("t1", "a", {"x": 1}), ToolCall("t2", "b", {})]),
         ChatMessage("tool", "one", tool_call_id="t1", name="a"),
         ChatMessage("tool", "two", tool_call_id="t2", name="b", images=[png]),
-        ChatMessage("assistant", "old", excluded="pruned"),
+        ChatMessage("assistant", "old", left_out="pruned"),
     ]
     tools = [ToolSpec("a", "Tool A", {"type": "object"})]
     await drain(provider.stream(ProviderRequest("claude-fake", messages, tools, max_output_tokens=99)))

@@ -115,7 +115,7 @@ async def test_ollama_translates_tools_and_images(fake_ollama: FakeOllama, provi
         ChatMessage("user", "look", images=[png]),
         ChatMessage("assistant", "", tool_calls=[ToolCall("c1", "zoom", {"level": 2})]),
         ChatMessage("tool", "zoomed", tool_call_id="c1", name="zoom"),
-        ChatMessage("user", "gone", trimmed=True),
+        ChatMessage("user", "gone", left_out="trimmed"),
     ]
     tools = [ToolSpec("zoom", "Zoom in", {"type": "object"})]
     await drain(provider.stream(ProviderRequest("llama-fake", messages, tools)))

@@ -140,7 +140,7 @@ async def test_openai_translates_history_tools_and_images(
         ChatMessage("user", "what is this?", images=[png]),
         ChatMessage("assistant", "", tool_calls=[ToolCall("c1", "look", {"x": 1})]),
         ChatMessage("tool", "a cat", tool_call_id="c1", name="look", images=[png]),
-        ChatMessage("user", "dropped earlier", trimmed=True),
+        ChatMessage("user", "dropped earlier", left_out="trimmed"),
         ChatMessage("assistant", "A cat."),
     ]
     tools = [ToolSpec("look", "Look closer", {"type": "object", "properties": {}})]

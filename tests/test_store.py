@@ -58,9 +58,9 @@ def every_field_messages() -> list[ChatMessage]:
         ChatMessage("user", "[earlier turns omitted to fit the context window]", breadcrumb=True),
         ChatMessage("user", "summary of before", summary=True),
         ChatMessage("user", "look ✓", images=[Image("image/png", "aGVsbG8=")], turn_id="t1",
-                    trimmed=True),
+                    left_out="trimmed"),
         ChatMessage("assistant", "", tool_calls=[ToolCall("c1", "search", {"q": "x", "n": [1, 2]})],
-                    turn_id="t1", excluded="compacted"),
+                    turn_id="t1", left_out="compacted"),
         ChatMessage("tool", "result", tool_call_id="c1", name="search", turn_id="t1",
                     images=[Image("image/jpeg", "/9j/")]),
         ChatMessage("assistant", "half a rep", turn_id="t1", interrupted=True),
@@ -111,13 +111,13 @@ async def test_store_save_messages_upserts_by_id(store: Store) -> None:
     user, reply = ChatMessage("user", "q"), ChatMessage("assistant", "")
     await store.append_messages("s", [user, reply])
     reply.set_content("partial answer")
-    user.trimmed = True
+    user.left_out = "trimmed"
     later = ChatMessage("user", "next")
     await store.save_messages("s", [reply, user, later])
     session = await store.get_session("s")
     assert session is not None
     assert [m.id for m in session.messages] == [user.id, reply.id, later.id]
-    assert session.messages[0].trimmed
+    assert session.messages[0].left_out == "trimmed"
     assert session.messages[1].content == "partial answer"
 
 
