@@ -88,7 +88,8 @@ def origin_allowed(conn: HTTPConnection, allowed: list[str]) -> bool:
 def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or load_settings()
     state: dict[str, object] = {}
-    store = open_store(settings.server.data_dir, settings.store.url, settings.store.pool_size)
+    store = open_store(settings.server.data_dir, settings.store.url, settings.store.pool_size,
+                       settings.store.timeout_seconds)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

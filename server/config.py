@@ -45,6 +45,7 @@ SCHEMA: dict[str, tuple[Setting, ...]] = {
     "store": (
         Setting("url", str, "", "postgresql://USER@HOST:PORT/DB for the shared store; empty = SQLite."),
         Setting("pool_size", int, 10, "Most PostgreSQL connections one server holds."),
+        Setting("timeout_seconds", float, 10.0, "How long a write waits for PostgreSQL before failing."),
     ),
     "runtime": (
         Setting("max_context_tokens", int, None, "Absolute token budget; 0 disables proactive trimming."),
@@ -116,6 +117,7 @@ class ServerSettings:
 class StoreSettings:
     url: str = ""
     pool_size: int = 10
+    timeout_seconds: float = 10.0
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ class Store(Protocol):
     async def import_session(self, session: StoredSession) -> None: ...
 
 
-def open_store(data_dir: str | Path, url: str = "", pool_size: int = 10) -> Store:
+def open_store(data_dir: str | Path, url: str = "", pool_size: int = 10, timeout: float = 10.0) -> Store:
     """The store ``[store] url`` names (PostgreSQL), else the embedded one: ``meterchat.sqlite3``
     under ``data_dir`` (both created if missing). Either is migrated to the current schema."""
     if not url:
@@ -105,9 +105,11 @@ def open_store(data_dir: str | Path, url: str = "", pool_size: int = 10) -> Stor
         raise ConfigError("store.url: expected postgresql://USER@HOST:PORT/DATABASE")
     if pool_size < 1:
         raise ConfigError(f"store.pool_size: expected at least 1, got {pool_size}")
+    if timeout <= 0:
+        raise ConfigError(f"store.timeout_seconds: expected more than 0, got {timeout}")
     from server.store_postgres import PostgresStore
 
-    return PostgresStore.open(url, pool_size)
+    return PostgresStore.open(url, pool_size, timeout)
 
 
 # Message <-> plain data: one codec shared by the SQLite rows and the JSON export.

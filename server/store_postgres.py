@@ -41,7 +41,7 @@ from server.store_sqlite import _Clock  # one clock for both stores' timestamps
 
 Conn = psycopg.AsyncConnection[Any]
 Row = tuple[Any, ...]
-CONNECT_SECONDS = 10.0  # start-up and pool waits: long enough for a failover, short enough to tell
+CONNECT_SECONDS = 10.0  # [store] timeout_seconds: long enough for a failover, short enough to tell
 
 _CALL_FIELDS = ("turn_id", "provider", "model", "route_kind", "input_tokens", "output_tokens",
                 "tokens_source", "cost_usd", "created_at")

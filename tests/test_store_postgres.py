@@ -17,7 +17,7 @@ from server.store_postgres import PostgresStore
 from server.store_sqlite import SqliteStore
 from tests import pg_support
 from tests.pg_support import PgCluster, PostgresMissing, free_port, running_cluster
-from tests.support import client, serve, settings_for
+from tests.support import SLOW_DEMO, client, serve, settings_for
 
 pytestmark = pytest.mark.anyio
 
@@ -50,7 +50,8 @@ def test_store_url_setting_from_file_and_environment() -> None:
     assert (file.store.url, file.store.pool_size) == ("postgresql://a@h/db", 3)
     env = settings_from_mapping({}, env={"METERCHAT_STORE_URL": "postgresql://b@h/db"})
     assert env.store.url == "postgresql://b@h/db"
-    assert settings_from_mapping({}, env={}).store.url == ""  # SQLite stays the default
+    default = settings_from_mapping({}, env={}).store
+    assert (default.url, default.pool_size, default.timeout_seconds) == ("", 10, 10.0)  # SQLite by default
 
 
 def test_store_url_of_another_engine_is_refused(tmp_path: Path) -> None:
@@ -58,6 +59,8 @@ def test_store_url_of_another_engine_is_refused(tmp_path: Path) -> None:
         open_store(tmp_path, "mysql://root@127.0.0.1/db")
     with pytest.raises(ConfigError, match="store.pool_size"):
         open_store(tmp_path, "postgresql://meterchat@127.0.0.1/db", 0)
+    with pytest.raises(ConfigError, match="store.timeout_seconds"):
+        open_store(tmp_path, "postgresql://meterchat@127.0.0.1/db", 1, 0)
 
 
 def test_store_unreachable_database_stops_start_up_without_the_password(tmp_path: Path) -> None:
@@ -121,3 +124,24 @@ async def test_store_a_server_on_postgresql_keeps_sessions_across_restarts(pg_cl
                 history = await ws.hello(session_id)
     contents = [m["content"] for m in next(f for f in history if f["type"] == "history")["messages"]]
     assert contents[0] == "hello there" and len(contents) == 2
+
+
+async def test_store_lost_mid_reply_ends_the_turn_with_an_error(own_cluster: PgCluster) -> None:
+    """Never a silent hang: the turn's own store writes fail, and the clients are still told."""
+    url = own_cluster.new_database()
+    with tempfile.TemporaryDirectory() as folder:
+        store = {"url": url, "timeout_seconds": 0.5}
+        settings = settings_for(Path(folder), {"store": store, "providers": {"demo": SLOW_DEMO}})
+        with serve(settings) as address:
+            async with client(address) as ws:
+                await ws.hello()
+                await ws.start_turn("a long story " * 20)
+                own_cluster.stop()
+                try:
+                    frames = await ws.until("done", "error", timeout=30)
+                finally:
+                    own_cluster.start()
+                assert (frames[-1]["type"], frames[-1]["code"]) == ("error", "store_unavailable")
+                assert frames[-1]["retryable"] and frames[-1]["turn_id"]
+                again = await ws.say("are you back?")
+    assert again[-1]["type"] == "done"
