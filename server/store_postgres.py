@@ -30,6 +30,7 @@ from server.errors import ConfigError, SessionExists, StoreUnavailable, UnknownS
 from server.history import ChatMessage
 from server.migrations import migrate_postgres
 from server.store import (
+    CALL_FIELDS,
     CallRecord,
     SessionSummary,
     StoredSession,
@@ -43,10 +44,8 @@ Conn = psycopg.AsyncConnection[Any]
 Row = tuple[Any, ...]
 CONNECT_SECONDS = 10.0  # [store] timeout_seconds: long enough for a failover, short enough to tell
 
-_CALL_FIELDS = ("turn_id", "provider", "model", "route_kind", "input_tokens", "output_tokens",
-                "tokens_source", "cost_usd", "created_at")
-_INSERT_CALL = (f"INSERT INTO calls (session_id, {', '.join(_CALL_FIELDS)}) "
-                f"VALUES ({', '.join(['%s'] * (len(_CALL_FIELDS) + 1))})")
+_INSERT_CALL = (f"INSERT INTO calls (session_id, {', '.join(CALL_FIELDS)}) "
+                f"VALUES ({', '.join(['%s'] * (len(CALL_FIELDS) + 1))})")
 _INSERT = "INSERT INTO messages (session_id, id, position, data) VALUES (%s, %s, %s, %s)"
 _UPSERT = _INSERT + " ON CONFLICT (session_id, id) DO UPDATE SET data = excluded.data"
 _SUMMARY = ("SELECT s.id, s.title, s.route, s.created_at, s.updated_at, "
@@ -154,7 +153,7 @@ class PostgresStore:
                 "SELECT data FROM messages WHERE session_id = %s ORDER BY position",
                 (session_id,))).fetchall()
             calls = await (await conn.execute(
-                f"SELECT {', '.join(_CALL_FIELDS)} FROM calls WHERE session_id = %s ORDER BY seq",
+                f"SELECT {', '.join(CALL_FIELDS)} FROM calls WHERE session_id = %s ORDER BY seq",
                 (session_id,))).fetchall()
         session_id, title, route, created_at, updated_at = head
         return StoredSession(session_id, title, route, created_at, updated_at,
@@ -265,4 +264,4 @@ class PostgresStore:
 def _call_row(call: CallRecord, now: str) -> Row:
     data = call_to_data(call)
     data["created_at"] = data["created_at"] or now
-    return tuple(data[name] for name in _CALL_FIELDS)
+    return tuple(data[name] for name in CALL_FIELDS)
