@@ -100,7 +100,9 @@ class AppState(ApiState):
 
 def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or load_settings()
-    store = open_store(settings.server.data_dir)  # here, not in the lifespan: a bad folder stops start-up
+    # here, not in the lifespan: a bad folder or an unreachable database stops start-up
+    store = open_store(settings.server.data_dir, settings.store.url, settings.store.pool_size,
+                       settings.store.timeout_seconds)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[AppState]:
