@@ -26,6 +26,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.websockets import WebSocket
 
+from server.access import AccessGuard, redact_tokens_in_logs
 from server.api import api_routes
 from server.config import Settings, load_settings
 from server.events import EventBus, sse_stream
@@ -149,6 +150,10 @@ def create_app(settings: Settings | None = None) -> Starlette:
         *api_routes(store, on_change=on_change),
     ], lifespan=lifespan)
     app.add_middleware(ApiAuth, token=settings.server.auth_token)
+    app.add_middleware(AccessGuard, bind_host=settings.server.host,  # outermost: before auth
+                       allowed_hosts=settings.server.allowed_hosts,
+                       allowed_origins=settings.server.allowed_origins)
+    redact_tokens_in_logs()
     return app
 
 

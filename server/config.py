@@ -37,7 +37,8 @@ SCHEMA: dict[str, tuple[Setting, ...]] = {
         Setting("port", int, 8000, "TCP port."),
         Setting("data_dir", str, "meterchat-data", "Folder of the embedded SQLite store."),
         Setting("auth_token", str, "", "When set, /ws, /events and /api need this bearer token."),
-        Setting("allowed_origins", list, [], "Extra Origin values allowed to open /ws."),
+        Setting("allowed_hosts", list, [], "Extra Host names served (*.example.com matches subdomains)."),
+        Setting("allowed_origins", list, [], "Extra Origin values allowed to open /ws and change /api."),
         Setting("coalesce_ms", int, 0, "Join chunk frames arriving within this many ms; 0 = off."),
         Setting("store_flush_ms", int, 250, "How often a streaming reply is written to the store."),
         Setting("keep_generating", bool, True, "Keep generating when the browser disconnects."),
@@ -101,6 +102,7 @@ class ServerSettings:
     port: int
     data_dir: str
     auth_token: str
+    allowed_hosts: list[str]
     allowed_origins: list[str]
     coalesce_ms: int
     store_flush_ms: int
