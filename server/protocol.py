@@ -80,6 +80,10 @@ MEDIA_TYPE_CHARS = 100
 MAX_SEQ = 2**53 - 1  # the largest integer a JavaScript client holds exactly
 ECHO_CHARS = 200
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# "/model ROUTE" and "/hint NAME" in a message's content name a route the same way switch_model does;
+# the hub and the resolver quote them back (UnknownRoute, the route frame's hint), so they share its
+# bound here.
+_HINT = re.compile(r"/hint[ \t]+(\S+)")
 
 
 def echo(value: Any) -> str:
@@ -160,6 +164,14 @@ def _validate_message(frame: dict[str, Any]) -> None:
         _require_id(frame, "retry_of", "the turn_id of a failed turn")
     if not frame["content"].strip() and not frame["images"]:
         raise BadFrame("message.content: empty message")
+    _check_commands(frame["content"])
+
+
+def _check_commands(content: str) -> None:
+    head, _, route = content.strip().partition(" ")
+    hint = _HINT.match(content)
+    if head == "/model" and len(route) > ROUTE_CHARS or hint and len(hint.group(1)) > ROUTE_CHARS:
+        raise BadFrame(f"message.content: a /model route or /hint name is over {ROUTE_CHARS} characters")
 
 
 def _validate(frame: dict[str, Any]) -> dict[str, Any]:

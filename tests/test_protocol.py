@@ -99,6 +99,9 @@ WRONG_FIELDS = [
     {"type": "message", "id": "m", "content": "x", "retry_of": 7},
     {"type": "switch_model"}, {"type": "switch_model", "route": {"a": 1}},
     {"type": "switch_model", "route": "r" * 201},
+    {"type": "message", "id": "m", "content": "/model demo/" + "r" * 200},
+    {"type": "message", "id": "m", "content": "/model demo " + "r " * 100},
+    {"type": "message", "id": "m", "content": "/hint " + "h" * 201 + " hello"},
 ]
 
 
@@ -113,6 +116,12 @@ def test_protocol_echoed_values_are_cut():
     assert refused(json.dumps({"type": "message", "id": "m", "content": ["y" * 10**6]})).message.endswith(
         "got an array")
     assert len(echo("z" * 10**6)) <= ECHO_CHARS + 5
+
+
+def test_protocol_commands_of_ordinary_length_pass():
+    for content in ("/model demo/demo-open", "/hint fast tell me", "/hint " + "h" * 200,
+                    "/modelling " + "x" * 500):
+        assert parse_client_frame(json.dumps({"type": "message", "id": "m", "content": content}))
 
 
 def test_protocol_unknown_fields_are_dropped():
