@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import resource
 import sys
 import tempfile
 import time
@@ -290,11 +291,14 @@ def main() -> None:
             rounds = 0
             while run.frames < args.frames:
                 seed = None if args.seed is None else args.seed + rounds
-                fuzz(run, examples=max(100, (args.frames - run.frames) // 6), seed=seed)
+                # Rounds of 1,000 batches: one long hypothesis run caches what it generated (GBs here).
+                fuzz(run, examples=min(1000, max(100, (args.frames - run.frames) // 6)), seed=seed)
                 rounds += 1
             seconds = time.perf_counter() - started
             usable = run.session_answers()
         print(run.report(seconds, logs))
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"peak RSS of this process (server and fuzzer together): {peak:,.0f} MiB")
         print(f"a normal message afterwards: {usable} ({'usable' if usable == 'done' else 'NOT usable'})")
 
 
