@@ -91,8 +91,10 @@ def echo(value: Any) -> str:
     answer never grows with the input (a non-string is named by its JSON type only)."""
     if not isinstance(value, str):
         return _json_type(value)
-    text = repr(value if len(value) <= ECHO_CHARS else value[:ECHO_CHARS])
-    return valid_text(text) + ("..." if len(value) > ECHO_CHARS else "")
+    text = repr(value[:ECHO_CHARS])  # escapes make a repr longer than its text: cut both
+    if len(value) <= ECHO_CHARS and len(text) <= ECHO_CHARS + 2:
+        return text
+    return text[:ECHO_CHARS] + "..."
 
 
 def _json_type(value: Any) -> str:

@@ -115,7 +115,9 @@ def test_protocol_echoed_values_are_cut():
     assert len(error.message) < 400 and "..." in error.message
     assert refused(json.dumps({"type": "message", "id": "m", "content": ["y" * 10**6]})).message.endswith(
         "got an array")
-    assert len(echo("z" * 10**6)) <= ECHO_CHARS + 5
+    assert len(echo("z" * 10**6)) <= ECHO_CHARS + 3
+    assert len(echo("\x00" * ECHO_CHARS)) <= ECHO_CHARS + 3  # each escaped as four characters
+    assert echo("short") == "'short'" and echo(["a"]) == "an array"
 
 
 def test_protocol_commands_of_ordinary_length_pass():
