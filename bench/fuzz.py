@@ -234,8 +234,16 @@ class FuzzRun:
                  f"log records with a traceback: {len(logs.tracebacks)}",
                  f"log records at warning or above: {len(logs.records)}"]
         lines += [f"  drop: {drop[:600]}" for drop in self.drops[:10]]
-        lines += [f"  log: {record.getMessage()[:300]}" for record in logs.tracebacks[:10]]
+        lines += [f"  log: {r.getMessage().strip()[:200]}: {_cause(r)}" for r in logs.tracebacks[:10]]
         return "\n".join(lines)
+
+
+def _cause(record: logging.LogRecord) -> str:
+    """The innermost exception of a logged traceback (a task group wraps it in a group)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return repr(exc)[:300]
 
 
 def _turn_outcome(ws: ClientConnection, message_id: str) -> str:
