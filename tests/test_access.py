@@ -114,6 +114,14 @@ async def test_access_form_posts_are_refused_json_is_served(tmp_path):
     assert [s["id"] for s in listed] == [ok.json()["session_id"]]  # nothing planted by the forms
 
 
+async def test_access_deeply_nested_body_is_a_bad_request(tmp_path):
+    with serve(settings_for(tmp_path)) as address:
+        async with httpx.AsyncClient(base_url=f"http://{address}") as http:
+            deep = await http.post("/api/sessions/import", content="[" * 100_000 + "]" * 100_000,
+                                   headers={"Content-Type": "application/json"})
+    assert deep.status_code == 400 and "nested too deeply" in deep.json()["error"]["message"]
+
+
 async def test_access_state_changes_need_a_same_origin(tmp_path):
     with serve(settings_for(tmp_path, allowed_origins=["https://chat.example.com"])) as address:
         async with httpx.AsyncClient(base_url=f"http://{address}") as http:
