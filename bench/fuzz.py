@@ -1,6 +1,6 @@
 """Fuzz the client protocol against a real server over a real WebSocket.
 
-    python bench/fuzz.py [--frames 100000] [--seed N]
+    python bench/fuzz.py [--frames 100000] [--seed N] [--window 4096] [--reuse-stored-ids] [--quick]
 
 Hypothesis generates batches of hostile frames (random text and bytes, nesting up to 200,000 deep,
 integers of thousands of digits, unicode edge cases and lone surrogates, every frame type with wrong
@@ -282,12 +282,15 @@ def fuzz(run: FuzzRun, examples: int, seed: int | None = None) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=100_000)
+    parser.add_argument("--quick", action="store_true", help="about a second: 300 frames")
     parser.add_argument("--seed", type=int)
     parser.add_argument("--window", type=int, default=4096,
                         help="the demo model's context window (the demo's own is 4096)")
     parser.add_argument("--reuse-stored-ids", action="store_true",
                         help="send messages under ids the session already stored (drops today: hub.py)")
     args = parser.parse_args()
+    if args.quick:
+        args.frames = 300
     from tests.support import DEMO, serve, settings_for
 
     with tempfile.TemporaryDirectory() as folder:

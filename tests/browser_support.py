@@ -1,26 +1,22 @@
 """Helpers for the browser tests: a real meterchat server in a subprocess and Debian's chromium.
 
-The server is started the way a user starts it (``python -m server --config F --port N``) on a free
-loopback port with its own data folder; Playwright drives the system chromium and never downloads
-a browser of its own.
+The server is started the way a user starts it (``python -m server --config F``, through
+``tests.support.run_server``) on a free loopback port with its own data folder; Playwright drives
+the system chromium and never downloads a browser of its own.
 """
 
 from __future__ import annotations
 
 import re
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 from playwright.sync_api import Browser, Page, expect
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import run_server
+
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -29,16 +25,9 @@ CHROMIUM_ARGS = [
     "--no-first-run",
     "--disable-sync",
 ]
-START_DEADLINE_S = 30.0
 ASSISTANT = '[data-role="assistant"]'
 DONE = '[data-role="assistant"][data-state="done"]'
 
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_config(folder: Path, *, delay_ms: int = 5, extra: str = "") -> Path:
@@ -66,45 +55,8 @@ delay_ms = {delay_ms}
 @contextmanager
 def running_server(config: Path) -> Iterator[str]:
     """Start the server on a free port; yield its base URL; stop it afterwards."""
-    port = free_port()
-    log = config.parent / f"server-{port}.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "server", "--config", str(config),
-             "--host", "127.0.0.1", "--port", str(port)],
-            cwd=REPO,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            _wait_until_serving(process, base, log)
-            yield base
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def _wait_until_serving(process: subprocess.Popen[bytes], base: str, log: Path) -> None:
-    deadline = time.monotonic() + START_DEADLINE_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"meterchat exited with {process.returncode}:\n{_tail(log)}")
-        try:
-            if httpx.get(base + "/", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"meterchat did not answer within {START_DEADLINE_S}s:\n{_tail(log)}")
-
-
-def _tail(log: Path) -> str:
-    return log.read_text(errors="replace")[-8000:]
+    with run_server(config) as server:
+        yield server.url
 
 
 def chromium_path() -> str:

@@ -26,9 +26,9 @@ def every_field_messages() -> list[ChatMessage]:
         ChatMessage("user", "[earlier turns omitted to fit the context window]", breadcrumb=True),
         ChatMessage("user", "summary of before", summary=True),
         ChatMessage("user", "look ✓", images=[Image("image/png", "aGVsbG8=")], turn_id="t1",
-                    trimmed=True),
+                    left_out="trimmed"),
         ChatMessage("assistant", "", tool_calls=[ToolCall("c1", "search", {"q": "x", "n": [1, 2]})],
-                    turn_id="t1", excluded="compacted"),
+                    turn_id="t1", left_out="compacted"),
         ChatMessage("tool", "result", tool_call_id="c1", name="search", turn_id="t1",
                     images=[Image("image/jpeg", "/9j/")]),
         ChatMessage("assistant", "half a rep", turn_id="t1", interrupted=True),
@@ -79,13 +79,13 @@ async def test_store_save_messages_upserts_by_id(store: SqliteStore) -> None:
     user, reply = ChatMessage("user", "q"), ChatMessage("assistant", "")
     await store.append_messages("s", [user, reply])
     reply.set_content("partial answer")
-    user.trimmed = True
+    user.left_out = "trimmed"
     later = ChatMessage("user", "next")
     await store.save_messages("s", [reply, user, later])
     session = await store.get_session("s")
     assert session is not None
     assert [m.id for m in session.messages] == [user.id, reply.id, later.id]
-    assert session.messages[0].trimmed
+    assert session.messages[0].left_out == "trimmed"
     assert session.messages[1].content == "partial answer"
 
 
@@ -209,6 +209,44 @@ async def test_store_file_is_in_wal_mode(tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / "nested" / "dir" / FILE_NAME) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         assert raw.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+
+
+# The version-1 messages table as the first release wrote it, spelled out, so a codec derived from
+# ChatMessage that drifted from the files users already have fails here.
+VERSION_1_MESSAGES = """CREATE TABLE sessions (id TEXT PRIMARY KEY, title TEXT NOT NULL, route TEXT NOT NULL,
+    created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
+CREATE TABLE messages (session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    id TEXT NOT NULL, position REAL NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
+    tool_calls TEXT, tool_call_id TEXT, images TEXT, name TEXT,
+    breadcrumb INTEGER NOT NULL, summary INTEGER NOT NULL, trimmed INTEGER NOT NULL,
+    excluded TEXT, interrupted INTEGER NOT NULL, turn_id TEXT, PRIMARY KEY (session_id, id));"""
+VERSION_1_ROWS = [
+    ("s", "m3", 3.0, "user", "look ✓", None, None, '[{"media_type": "image/png", "data": "aGVsbG8="}]',
+     None, 0, 0, 1, None, 0, "t1"),
+    ("s", "m4", 4.0, "assistant", "", '[{"id": "c1", "name": "search", "arguments": {"q": "x"}}]', None,
+     None, None, 1, 1, 0, "compacted", 1, "t1"),
+]
+
+
+async def test_store_reads_a_version_1_file_and_writes_the_same_rows(tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / FILE_NAME) as raw:
+        raw.executescript(VERSION_1_MESSAGES)
+        raw.execute("INSERT INTO sessions VALUES ('s', 't', 'r', '2024', '2024')")
+        raw.executemany(f"INSERT INTO messages VALUES ({', '.join('?' * 15)})", VERSION_1_ROWS)
+    store = open_store(tmp_path)
+    session = await store.get_session("s")
+    assert session is not None
+    image, call = session.messages
+    assert (image.id, image.images, image.breadcrumb, image.is_hidden) == \
+        ("m3", [Image("image/png", "aGVsbG8=")], False, True)
+    assert (call.tool_calls, call.breadcrumb, call.summary, call.interrupted, call.is_hidden) == \
+        ([ToolCall("c1", "search", {"q": "x"})], True, True, True, True)
+    await store.create_session("copy", title="t", route="r")
+    await store.append_messages("copy", session.messages)
+    await store.close()
+    with sqlite3.connect(tmp_path / FILE_NAME) as raw:
+        rows = raw.execute("SELECT * FROM messages WHERE session_id = 'copy' ORDER BY position").fetchall()
+    assert [row[1:2] + row[3:] for row in rows] == [row[1:2] + row[3:] for row in VERSION_1_ROWS]
 
 
 async def test_store_refuses_a_newer_schema(tmp_path: Path) -> None:
