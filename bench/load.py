@@ -42,6 +42,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--http", help="uvicorn HTTP parser (auto|h11|httptools)")
     parser.add_argument("--ws", help="uvicorn WebSocket implementation "
                         "(auto|websockets|websockets-sansio|wsproto)")
+    parser.add_argument("--abuse", action="store_true", help="beside meterchat's sessions: a client that "
+                        "never reads, a bad-frame flood and an oversized frame")
     parser.add_argument("--keep-logs", action="store_true", help="print where the children's logs are")
     parser.add_argument("--role", help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)

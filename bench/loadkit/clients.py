@@ -16,6 +16,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from bench.loadkit import abuse
 from bench.loadkit.wire import (
     END_OF_CHUNKED,
     STAMP,
@@ -40,6 +41,7 @@ class Plan:
     rate: int
     ramp: float
     timeout: float
+    abuse: bool = False
 
 
 @dataclass
@@ -218,8 +220,9 @@ async def connect(plan: Plan, stats: Stats, delay: float) -> None:
     await finished
 
 
-async def run(plan: Plan) -> Stats:
+async def run(plan: Plan) -> tuple[Stats, dict[str, Any]]:
     stats = Stats()
+    abusers = await abuse.start(plan.host, plan.tokens * 10) if plan.abuse and plan.kind == "ws" else {}
     tasks = [asyncio.ensure_future(connect(plan, stats, i * plan.ramp / max(1, plan.sessions)))
              for i in range(plan.sessions)]
     done, pending = await asyncio.wait(tasks, timeout=plan.timeout)
@@ -227,7 +230,7 @@ async def run(plan: Plan) -> Stats:
         task.cancel()
     for _ in pending:
         stats.error("deadline")
-    return stats
+    return stats, abusers
 
 
 def percentiles(values: array) -> dict[str, float]:
@@ -244,11 +247,11 @@ def main(plan_json: str) -> None:
 
     plan = Plan(**json.loads(plan_json))
     started, cpu = time.monotonic(), os.times()
-    stats = fast_loop().run_until_complete(run(plan))
+    stats, abusers = fast_loop().run_until_complete(run(plan))
     used = os.times()
     summary = {"delay": percentiles(stats.delays), "first": percentiles(stats.first),
                "received": stats.received, "lost": stats.lost, "reordered": stats.reordered,
                "frames": stats.frames, "finished": stats.finished, "errors": stats.errors,
-               "wall": time.monotonic() - started,
+               "wall": time.monotonic() - started, "abuse": abusers,
                "client_cpu": used.user + used.system - cpu.user - cpu.system}
     print(json.dumps(summary))

@@ -38,8 +38,13 @@ def table(title: str, results: dict[str, dict[str, Any]]) -> str:
                        for line in rows]
     lines += ratios(results, direct)
     for name, r in results.items():
+        if r.get("rss_mib"):
+            before, peak, end = r["rss_mib"]
+            lines.append(f"  {name} RSS: {before} MiB before, {peak} MiB at peak, {end} MiB at the end")
         if r["errors"]:
             lines.append(f"  {name} errors: {r['errors']}")
+        for kind, outcome in (r.get("abuse") or {}).items():
+            lines.append(f"  {name} abuse {kind}: {outcome}")
     return "\n".join(lines)
 
 

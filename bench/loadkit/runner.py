@@ -117,13 +117,15 @@ class Bench:
         """Run one client process against a path, sampling the server while it runs."""
         cpu0 = procs.cpu_seconds(pid) if pid else 0.0
         rss0 = peak = procs.rss_bytes(pid) if pid else 0
+        samples = [rss0]
         started = time.monotonic()
         with self.log.open("ab") as sink:
             child = procs.spawn(role_args("clients", plan), self.load_cores, stdout=subprocess.PIPE,
                                 stderr=sink)
         try:
             while child.poll() is None and time.monotonic() - started < plan["timeout"] + 30:
-                peak = max(peak, procs.rss_bytes(pid)) if pid else 0
+                samples.append(procs.rss_bytes(pid) if pid else 0)
+                peak = max(peak, samples[-1])
                 time.sleep(0.25)
         finally:
             procs.stop(child)
@@ -133,7 +135,8 @@ class Bench:
         result.update(sessions=plan["sessions"], client_pct=100 * result["client_cpu"] / wall)
         if cpu is not None:
             result.update(cpu_per_1k=1000 * cpu / max(1, result["received"]), core_pct=100 * cpu / wall,
-                          rss_per_session=(peak - rss0) / plan["sessions"] / 1024)
+                          rss_per_session=(peak - rss0) / plan["sessions"] / 1024,
+                          rss_mib=[round(rss0 / 2**20), round(peak / 2**20), round(samples[-1] / 2**20)])
         return result
 
     def measure(self, paths: list[str], plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -151,13 +154,14 @@ class Bench:
         warm = {**plan, "kind": kind, "host": host, "sessions": 1, "turns": 1, "tokens": 5, "rate": 0,
                 "ramp": 0.0, "timeout": 30.0}
         self.clients(warm, pid)  # imports, first connections and lazy set-up are not measured
-        return self.clients({**plan, "kind": kind, "host": host}, pid)
+        abuse = bool(plan.get("abuse")) and path == "meterchat"  # the relay speaks too little protocol
+        return self.clients({**plan, "kind": kind, "host": host, "abuse": abuse}, pid)
 
 
 def paced_plan(args: argparse.Namespace, sessions: int) -> dict[str, Any]:
     tokens = int(args.seconds * args.rate)
     return {"sessions": sessions, "turns": 1, "tokens": tokens, "rate": args.rate, "ramp": args.ramp,
-            "timeout": args.ramp + args.seconds * 3 + 60}
+            "timeout": args.ramp + args.seconds * 3 + 60, "abuse": args.abuse}
 
 
 def first_chunk_plan(concurrency: int, quick: bool) -> dict[str, Any]:
@@ -180,16 +184,24 @@ def run(args: argparse.Namespace) -> None:
         bench = Bench(args, Path(tmp), stack)
         print(header(args, bench.notes), flush=True)
         for n in numbers(args.sessions):
+            load = loadavg()
             results = bench.measure(paths, paced_plan(args, n))
-            print(table(f"\n{n} sessions x {args.rate} tokens/s, {args.seconds:g} s replies", results),
-                  flush=True)
+            print(table(f"\n{n} sessions x {args.rate} tokens/s, {args.seconds:g} s replies "
+                        f"(machine load average {load} -> {loadavg()})", results), flush=True)
         for concurrency in numbers(args.first_chunk):
             plan = first_chunk_plan(concurrency, args.quick)
+            load = loadavg()
             results = bench.measure(paths, plan)
             print(table(f"\nfirst chunk, concurrency {concurrency}, {plan['turns']} turns each "
-                        "(5-token replies at full speed)", results), flush=True)
+                        f"(5-token replies at full speed; load average {load} -> {loadavg()})", results),
+                  flush=True)
         if args.keep_logs:
             print(Path(tmp, "children.log").read_text()[-4000:])
+
+
+def loadavg() -> str:
+    """The machine's one-minute load average: how much else competed for the cores meanwhile."""
+    return Path("/proc/loadavg").read_text().split()[0]
 
 
 def header(args: argparse.Namespace, notes: list[str]) -> str:
