@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 COLUMNS = ("path", "ok", "chunks", "lost", "reord", "p50 ms", "p99 ms", "+p50", "+p99", "1st +p50",
-           "1st +p99", "cpu s/1k", "core %", "rss/sess KiB", "client %")
+           "1st +p99", "cpu s/1k", "1-core cap", "core %", "rss/sess KiB",
+           "client %")
 
 
 def cell(value: Any, digits: int = 2) -> str:
@@ -26,8 +27,15 @@ def row(name: str, r: dict[str, Any], direct: dict[str, Any]) -> list[str]:
             str(r["reordered"]), cell(delay.get("p50")), cell(delay.get("p99")),
             cell(added(delay, base, "p50")), cell(added(delay, base, "p99")),
             cell(added(first, base_first, "p50")), cell(added(first, base_first, "p99")),
-            cell(r.get("cpu_per_1k"), 3), cell(r.get("core_pct"), 0), cell(r.get("rss_per_session"), 0),
-            cell(r.get("client_pct"), 0)]
+            cell(r.get("cpu_per_1k"), 3), cell(ceiling(r), 0), cell(r.get("core_pct"), 0),
+            cell(r.get("rss_per_session"), 0), cell(r.get("client_pct"), 0)]
+
+
+def ceiling(r: dict[str, Any]) -> float | None:
+    """Sessions one core could carry at this rate if CPU were the only limit: the figure that other
+    load on the machine disturbs least (CPU time, unlike delay, does not grow while waiting)."""
+    cpu, rate = r.get("cpu_per_1k"), r.get("rate")
+    return 1000 / (cpu * rate) if cpu and rate else None
 
 
 def table(title: str, results: dict[str, dict[str, Any]]) -> str:

@@ -132,7 +132,8 @@ class Bench:
         wall = time.monotonic() - started
         result: dict[str, Any] = json.loads(child.stdout.read() if child.stdout else b"{}")
         cpu = procs.cpu_seconds(pid) - cpu0 if pid else None
-        result.update(sessions=plan["sessions"], client_pct=100 * result["client_cpu"] / wall)
+        result.update(sessions=plan["sessions"], rate=plan["rate"],
+                      client_pct=100 * result["client_cpu"] / wall)
         if cpu is not None:
             result.update(cpu_per_1k=1000 * cpu / max(1, result["received"]), core_pct=100 * cpu / wall,
                           rss_per_session=(peak - rss0) / plan["sessions"] / 1024,
