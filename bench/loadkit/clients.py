@@ -54,6 +54,8 @@ class Stats:
     frames: int = 0
     finished: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+    unfinished: set[Session] = field(default_factory=set)  # still streaming: lost if the deadline comes
+    created: int = 0  # sessions whose protocol object exists (connected or not)
 
     def error(self, code: str) -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
@@ -67,6 +69,12 @@ class Session(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.turns_left, self.expected, self.sent_at, self.got_first = plan.turns, 0, 0, False
         self.buffer = bytearray()
+        stats.unfinished.add(self)
+        stats.created += 1
+
+    def remaining(self) -> int:
+        """Tokens this session has not received yet: the rest of this turn and every later turn."""
+        return max(0, self.plan.tokens - self.expected) + self.plan.tokens * (self.turns_left - 1)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
@@ -105,6 +113,7 @@ class Session(asyncio.Protocol):
         if self.turns_left > 0:
             return self.next_turn()
         self.stats.finished += 1
+        self.stats.unfinished.discard(self)
         self.close()
 
     def next_turn(self) -> None:
@@ -116,10 +125,10 @@ class Session(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
-        if self.turns_left > 0:
+        if self.turns_left > 0 and self in self.stats.unfinished:
             self.stats.error("connection_lost")
-            self.stats.lost += max(0, self.plan.tokens - self.expected)
-            self.stats.lost += self.plan.tokens * (self.turns_left - 1)
+            self.stats.lost += self.remaining()
+            self.stats.unfinished.discard(self)
         if not self.finished.done():
             self.finished.set_result(None)
 
@@ -214,8 +223,7 @@ async def connect(plan: Plan, stats: Stats, delay: float) -> None:
     try:
         await loop.create_connection(lambda: kind(plan, stats, finished), host, int(port))
     except OSError as exc:
-        stats.error(f"connect: {type(exc).__name__}")
-        stats.lost += plan.tokens * plan.turns
+        stats.error(f"connect: {type(exc).__name__}")  # its tokens are counted lost by run()
         return
     await finished
 
@@ -230,6 +238,9 @@ async def run(plan: Plan) -> tuple[Stats, dict[str, Any]]:
         task.cancel()
     for _ in pending:
         stats.error("deadline")
+    for session in stats.unfinished:
+        stats.lost += session.remaining()
+    stats.lost += (plan.sessions - stats.created) * plan.tokens * plan.turns  # never got that far
     return stats, abusers
 
 
@@ -253,5 +264,5 @@ def main(plan_json: str) -> None:
                "received": stats.received, "lost": stats.lost, "reordered": stats.reordered,
                "frames": stats.frames, "finished": stats.finished, "errors": stats.errors,
                "wall": time.monotonic() - started, "abuse": abusers,
-               "client_cpu": used.user + used.system - cpu.user - cpu.system}
+               "client_cpu": max(0.0, used.user + used.system - cpu.user - cpu.system)}
     print(json.dumps(summary))
