@@ -35,7 +35,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rate", type=int, default=50, help="tokens per second of each reply")
     parser.add_argument("--ramp", type=float, default=2.0, help="seconds over which sessions start")
     parser.add_argument("--paths", default="direct,relay,meterchat", help="which paths to measure")
-    parser.add_argument("--quick", action="store_true", help="N=20, 2 s replies, first chunk at 1")
+    parser.add_argument("--quick", action="store_true", help="N=20, 1.5 s replies, no first-chunk mode")
     parser.add_argument("--pin", action="store_true", help="taskset: server on core 0, the rest on core 1")
     parser.add_argument("--workers", type=int, help="passed to meterchat when its CLI has --workers")
     parser.add_argument("--loop", help="uvicorn loop for meterchat and the relay (auto|asyncio|uvloop)")
@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
-        args.sessions, args.first_chunk, args.seconds, args.ramp = "20", "1", 2.0, 0.3
+        args.sessions, args.first_chunk, args.seconds, args.ramp = "20", "", 1.5, 0.2
     return args
 
 

@@ -130,7 +130,8 @@ class Bench:
         finally:
             procs.stop(child)
         wall = time.monotonic() - started
-        result: dict[str, Any] = json.loads(child.stdout.read() if child.stdout else b"{}")
+        with child.stdout or open(os.devnull, "rb") as out:
+            result: dict[str, Any] = json.loads(out.read() or b"{}")
         cpu = procs.cpu_seconds(pid) - cpu0 if pid else None
         result.update(sessions=plan["sessions"], rate=plan["rate"],
                       client_pct=100 * result["client_cpu"] / wall)
@@ -177,7 +178,14 @@ def numbers(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> None:
     procs.raise_file_limit()
     # A terminated bench still runs its clean-up (the children also die with it, see procs.spawn).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        measure_all(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def measure_all(args: argparse.Namespace) -> None:
     if args.pin:
         os.sched_setaffinity(0, {1})
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
