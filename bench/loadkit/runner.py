@@ -73,12 +73,13 @@ class Bench:
     """One run: the fake provider for its whole length, servers started fresh per phase."""
 
     def __init__(self, args: argparse.Namespace, folder: Path, stack: ExitStack) -> None:
-        self.args, self.folder, self.stack = args, folder, stack
+        self.args = args
         self.server_cores, self.load_cores = ("0", "1") if args.pin else (None, None)
         self.log = folder / "children.log"
         port = procs.free_port()
         self.fake = f"http://127.0.0.1:{port}"
-        fake = procs.start(role_args("fake", {"port": port, "seconds": 6 * 3600}), port,
+        # Two hours outlasts any run; the fake also dies with the bench (procs.spawn).
+        fake = procs.start(role_args("fake", {"port": port, "seconds": 2 * 3600}), port,
                            self.load_cores, self.log)
         stack.callback(procs.stop, fake)
         self.config, self.notes = meterchat_config(folder, self.fake)
