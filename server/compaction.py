@@ -1,4 +1,4 @@
-"""Group compaction (truncation or summarization) over the sent history (pure: no I/O, no clock).
+"""Group compaction (truncation or summarization) over the sent history (no I/O, no clock).
 
 Messages are grouped so nothing that belongs together is cut apart:
 
@@ -10,17 +10,23 @@ Messages are grouped so nothing that belongs together is cut apart:
                     a result whose call is unknown is an orphan tool_call group of its own
     summary         a summary or breadcrumb the runtime wrote
 
-Trigger: the estimate of the visible messages exceeds ``tokens_exceed`` (strict). Target:
-``target_tokens`` when 0 < target < trigger, else 3/4 of the trigger, so compaction does not fire
-again on the next turn. Exclusion takes the oldest non-system groups, never the newest
-``minimum_preserved_groups`` nor the current turn, and always ends just before a ``user`` group: the
-messages still sent never open (after system messages) with a tool result or an assistant message.
+Trigger: the estimate of the visible messages exceeds ``tokens_exceed`` (strict). Stop rule (seed
+004): with no ``target_tokens``, exclusion stops as soon as the count no longer exceeds the trigger;
+``0 < target_tokens <= tokens_exceed`` stops at or below that target instead (a lower target is the
+explicit way to leave headroom so compaction does not fire again on the next turn). Exclusion
+takes the oldest non-system groups, never the newest ``minimum_preserved_groups`` nor the current
+turn, and always ends just before a ``user`` group: the messages still sent never open (after system
+messages) with a tool result or an assistant message.
 When no boundary reaches the target, the latest allowed one is used.
 
-Truncation marks excluded messages (``message.excluded = reason``); nothing is deleted. Summarization
-is a plan: the caller sends ``summary_request(plan)`` to a model and then calls ``apply_summary``,
-which marks the groups and inserts a ``[Summary]`` message where they began. ``rollback(plan)``
-undoes either. A pass over a history that fits changes nothing.
+Truncation leaves the excluded messages out (``message.left_out = reason``); nothing is deleted.
+Summarization is a plan: the caller sends ``summary_request(plan)`` to a model and then calls
+``apply_summary``, which marks the groups and inserts a ``[Summary]`` message where they began.
+``rollback(plan)`` undoes either. A pass over a history that fits changes nothing.
+
+Not pure: ``plan_compaction`` only reads, but ``apply_truncation``, ``apply_summary`` and ``rollback``
+change the planned messages' marks in place, and ``apply_summary`` inserts into the transcript it is
+given. The caller (``server.compaction_runner``) stores the marks and rebuilds the session's ledger.
 """
 
 from __future__ import annotations
@@ -112,10 +118,12 @@ def build_groups(messages: Sequence[ChatMessage], *,
 
 
 def compaction_target(settings: CompactionSettings) -> int:
+    """Where exclusion stops: ``target_tokens`` when 0 < target <= trigger, else the trigger itself
+    (the seed's default: remove groups until the count no longer exceeds the trigger)."""
     target = settings.target_tokens
-    if target is not None and 0 < target < settings.tokens_exceed:
+    if target is not None and 0 < target <= settings.tokens_exceed:
         return target
-    return settings.tokens_exceed * 3 // 4
+    return settings.tokens_exceed
 
 
 def _cut(groups: list[MessageGroup], tokens: int, target: int, preserved: int) -> int:
@@ -174,8 +182,8 @@ def plan_compaction(messages: Sequence[ChatMessage], settings: CompactionSetting
 
 def _mark(plan: CompactionPlan, reason: str) -> None:
     for message in plan.excluded_messages:
-        plan._marks.append((message, message.excluded))
-        message.excluded = reason
+        plan._marks.append((message, message.left_out))
+        message.left_out = reason
 
 
 def apply_truncation(plan: CompactionPlan) -> None:
@@ -215,7 +223,7 @@ def apply_summary(messages: list[ChatMessage], plan: CompactionPlan, summary_tex
 def rollback(plan: CompactionPlan) -> None:
     """Restore every mark the plan set and take out its summary, if one was inserted."""
     for message, previous in reversed(plan._marks):
-        message.excluded = previous
+        message.left_out = previous
     plan._marks.clear()
     if plan.summary is not None and plan._transcript is not None:
         plan._transcript[:] = [m for m in plan._transcript if m is not plan.summary]

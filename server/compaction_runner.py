@@ -1,4 +1,4 @@
-"""Group compaction in the turn loop (``[runtime.compaction]``), around the pure planner in
+"""Group compaction in the turn loop (``[runtime.compaction]``), around the planner in
 ``server.compaction``.
 
 Runs before each provider call, after the turn limit and before the token-budget trim. Truncation
@@ -11,7 +11,7 @@ Either way a ``history_trimmed`` frame with reason ``compaction`` tells the user
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from server.compaction import (
     CompactionPlan,
@@ -21,58 +21,72 @@ from server.compaction import (
     rollback,
     summary_request,
 )
-from server.config import CompactionSettings
+from server.config import CompactionSettings, RuntimeSettings
 from server.errors import MeterchatError
 from server.history import is_turn_start
-from server.live import dropped_ids
-from server.providers.base import ProviderRequest, TextDelta
-
-if TYPE_CHECKING:
-    from server.session import Turn
+from server.protocol import server_frame
+from server.providers.base import Provider, ProviderRequest, TextDelta
+from server.routing import Route
+from server.session import Session, dropped_ids
 
 log = logging.getLogger(__name__)
 
 
-class Compactor:
-    def __init__(self, settings: CompactionSettings) -> None:
-        self.settings = settings
+class Compaction(Protocol):
+    async def compact(self, session: Session, route: Route, provider: Provider, turn_id: str) -> None: ...
 
-    async def compact(self, turn: Turn) -> None:
-        live = turn.live
-        plan = plan_compaction(live.view(), self.settings, image_token_cost=turn.runtime.image_token_cost)
+
+class NoCompaction:
+    async def compact(self, session: Session, route: Route, provider: Provider, turn_id: str) -> None:
+        return None
+
+
+def compaction_for(options: RuntimeSettings) -> Compaction:
+    if options.compaction.strategy == "none":
+        return NoCompaction()
+    return Compactor(options.compaction, options.max_output_tokens)
+
+
+class Compactor:
+    def __init__(self, settings: CompactionSettings, max_output_tokens: int) -> None:
+        self.settings = settings
+        self.max_output_tokens = max_output_tokens
+
+    async def compact(self, session: Session, route: Route, provider: Provider, turn_id: str) -> None:
+        plan = plan_compaction(session.to_send(), self.settings, image_token_cost=session.image_token_cost)
         if not plan.needed:
             return
         if plan.strategy == "summarization":
-            if not await self.summarize(turn, plan):
+            if not await self.summarize(session, route, provider, plan):
                 return
         else:
             apply_truncation(plan)
-        live.rebuild()
-        await turn.rt.store.save_messages(live.id, plan.excluded_messages)
-        await self.announce(turn, plan)
+        session.rebuild()
+        await session.store.save_messages(session.id, plan.excluded_messages)
+        await self.announce(session, route, plan, turn_id)
 
-    async def summarize(self, turn: Turn, plan: CompactionPlan) -> bool:
-        provider = turn.rt.providers[turn.route.provider]
-        request = ProviderRequest(turn.route.model, summary_request(plan), (),
-                                  turn.runtime.max_output_tokens)
+    async def summarize(self, session: Session, route: Route, provider: Provider,
+                        plan: CompactionPlan) -> bool:
+        request = ProviderRequest(route.model, summary_request(plan), (), self.max_output_tokens)
         try:
             parts = [event.text async for event in provider.stream(request) if isinstance(event, TextDelta)]
         except MeterchatError as exc:
             log.warning("summarization on %s failed (%s); continuing without compaction",
-                        turn.route.name, exc.message)
+                        route.name, exc.message)
             rollback(plan)
             return False
-        summary = apply_summary(turn.live.transcript, plan, "".join(parts))
-        index = turn.live.transcript.index(summary)
-        await turn.rt.store.insert_message(turn.live.id, index, summary)
+        summary = apply_summary(session.transcript, plan, "".join(parts))
+        index = session.transcript.index(summary)
+        await session.store.insert_message(session.id, index, summary)
         return True
 
-    async def announce(self, turn: Turn, plan: CompactionPlan) -> None:
+    async def announce(self, session: Session, route: Route, plan: CompactionPlan, turn_id: str) -> None:
         excluded = plan.excluded_messages
-        view = turn.live.view()
-        turn.emit("history_trimmed", dropped_messages=len(excluded),
-                  dropped_turns=sum(1 for m in excluded if is_turn_start(m)),
-                  kept_turns=sum(1 for m in view if is_turn_start(m)), reason="compaction",
-                  token_budget=plan.target, tokens_before=plan.tokens_before, tokens_after=plan.tokens_after,
-                  **dropped_ids(excluded), turn_id=turn.turn_id)
-        await turn.emit_context("trim")
+        kept = session.to_send()
+        session.emit(server_frame(
+            "history_trimmed", dropped_messages=len(excluded),
+            dropped_turns=sum(1 for m in excluded if is_turn_start(m)),
+            kept_turns=sum(1 for m in kept if is_turn_start(m)), reason="compaction",
+            token_budget=plan.target, tokens_before=plan.tokens_before, tokens_after=plan.tokens_after,
+            **dropped_ids(excluded), turn_id=turn_id))
+        await session.emit_meter(route, "trim")

@@ -22,6 +22,7 @@ BREADCRUMB_TEXT = "[earlier turns omitted to fit the context window]"
 TOOL_RESULTS_PREFIX = "[Tool results]"
 DEFAULT_IMAGE_TOKEN_COST = 1000
 MESSAGE_OVERHEAD_TOKENS = 4
+TRIMMED = "trimmed"  # the reason ``left_out`` gives for messages a whole-turn trim dropped
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,9 @@ def _new_id() -> str:
 class ChatMessage:
     """One message of a session's transcript.
 
-    ``trimmed`` and ``excluded`` mark a message that is kept in the transcript but no longer sent;
-    ``breadcrumb`` and ``summary`` mark messages the runtime wrote itself.
+    ``left_out`` says why a message kept in the transcript is no longer sent (``TRIMMED`` for a
+    whole-turn trim, or a set-aside or compaction reason); None means it is sent. ``breadcrumb`` and
+    ``summary`` mark messages the runtime wrote itself.
     """
 
     role: str
@@ -57,8 +59,7 @@ class ChatMessage:
     name: str | None = None  # the tool's name on a tool result
     breadcrumb: bool = False
     summary: bool = False
-    trimmed: bool = False
-    excluded: str | None = None
+    left_out: str | None = None
     interrupted: bool = False
     turn_id: str | None = None  # the user turn this message belongs to (set by the session)
     id: str = field(default_factory=_new_id)
@@ -75,9 +76,28 @@ class ChatMessage:
         self.content = content
         self._text_tokens = None
 
+    def set_tool_calls(self, calls: Sequence[ToolCall] | None) -> None:
+        """Replace the tool calls (they count in the estimate, so the measure is taken again)."""
+        self.tool_calls = list(calls) if calls else None
+        self._text_tokens = None
+
     @property
     def is_hidden(self) -> bool:
-        return self.trimmed or self.excluded is not None
+        """``left_out is not None``, under the name the provider dialects still read."""
+        return self.left_out is not None
+
+
+def stored_marks(message: ChatMessage) -> tuple[bool, str | None]:
+    """``left_out`` as the store, the exports and the wire spell it: a ``trimmed`` flag and an
+    ``excluded`` reason (kept so stored sessions and the page read as before)."""
+    if message.left_out == TRIMMED:
+        return True, None
+    return False, message.left_out
+
+
+def left_out_from(trimmed: bool, excluded: str | None) -> str | None:
+    """The inverse of ``stored_marks``."""
+    return TRIMMED if trimmed else excluded
 
 
 def _measure(message: ChatMessage) -> int:
@@ -128,5 +148,5 @@ def estimate_history_tokens(
 
 
 def visible(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
-    """The messages that are still sent: everything not trimmed or excluded."""
-    return [message for message in messages if not message.is_hidden]
+    """The messages that are still sent: everything not left out."""
+    return [message for message in messages if message.left_out is None]

@@ -10,10 +10,12 @@ the first turn (an orphan tool result, a summary) drop with the first turn.
 ``trim_to_recent_turn_count`` keeps the newest ``max(max_turns, 1)`` turns. Both always keep the
 newest turn, and when nothing needs dropping return the same messages in the same order. When
 something is dropped, one breadcrumb sits right after the leading system messages (an existing one
-is reused). Inputs are never mutated: the caller marks ``TrimResult.dropped`` as trimmed.
+is reused). Inputs are never mutated: the caller marks ``TrimReport.dropped`` as trimmed.
 
-The input is the history as it will be sent (``history.visible``). For a session's every-turn path,
-``server.ledger.HistoryLedger`` does the same arithmetic incrementally.
+The input is the history as it will be sent (``history.visible``). A session's every-turn path uses
+``server.ledger.HistoryLedger``, which does the same arithmetic incrementally. These whole-list
+functions are kept on purpose: they are the plain statement of what a trim must do, and the oracle the
+ledger is tested against (``tests/test_history_trim.py`` runs both over the same histories).
 """
 
 from __future__ import annotations
@@ -249,7 +251,9 @@ def _without_unanswered(message: ChatMessage, answered: set[str]) -> ChatMessage
     if not kept and not message.content:
         return None
     # A copy, not an edit: the transcript keeps what the model really said.
-    return replace(message, tool_calls=kept or None, _text_tokens=None)
+    copy = replace(message)
+    copy.set_tool_calls(kept)
+    return copy
 
 
 def sweep_orphans(messages: Sequence[ChatMessage]) -> list[ChatMessage]:

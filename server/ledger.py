@@ -6,10 +6,12 @@ start. ``estimate`` is O(1); ``append`` is O(1) per message; ``trim``/``trim_tur
 O(dropped turns + dropped messages). Results agree with ``estimate_history_tokens`` and with
 ``trim_to_recent_turns``/``trim_to_recent_turn_count`` on the same messages.
 
-How a session uses it: build one from ``visible(transcript)`` when the session loads, ``append``
-every message it adds to the transcript, call ``trim(budget)`` before each provider call, mark
-``report.dropped`` as trimmed in the transcript, and send ``messages()``. Rebuild it after anything
-that changes old messages (group compaction, an edited message, ``sweep_orphans``).
+How ``server.session.Session`` uses it: it builds one from the transcript's sendable messages (its
+leading system messages, the session's own breadcrumb when older turns were left out to fit, then
+every message still sent), ``append``s each message that joins the history, calls ``trim`` /
+``trim_turn_count`` before each provider call and marks ``report.dropped`` trimmed in the
+transcript, and sends ``messages()``. Anything that changes old messages (group compaction, a
+set-aside turn, the orphan sweep on restore) is followed by ``Session.rebuild``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,22 @@
-"""The services a running server shares: settings, store, providers, resolver, bus, calibration.
+"""The services a running server shares: settings, store, providers, resolver, bus, task group, and
+the meter built from them.
 
-Built once in the app's lifespan; turns and sockets receive it instead of reaching for globals.
+Built once in the app's lifespan; the hub and the turns receive it instead of reaching for globals.
+``options`` is the ``[runtime]`` settings table, read by every turn.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
 
 from anyio.abc import TaskGroup
 
-from server.config import Settings
+from server.config import RuntimeSettings, Settings
 from server.events import EventBus
+from server.meter import Meter
 from server.providers.base import Provider
 from server.routing import RouteResolver
 from server.store import Store
-
-if TYPE_CHECKING:
-    from server.session import Turn
-
-
-class NoCompaction:
-    async def compact(self, turn: Turn) -> None:
-        return None
 
 
 @dataclass
@@ -33,8 +27,11 @@ class Runtime:
     resolver: RouteResolver
     bus: EventBus
     task_group: TaskGroup
-    compactor: Any = None
+    meter: Meter = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.compactor is None:
-            self.compactor = NoCompaction()
+        self.meter = Meter(self.resolver, self.settings.providers)
+
+    @property
+    def options(self) -> RuntimeSettings:
+        return self.settings.runtime

@@ -63,10 +63,24 @@ def test_groups_orphan_result_is_its_own_group() -> None:
     assert [g.kind for g in build_groups(rows)] == ["tool_call", "user"]
 
 
-def test_target_defaults_to_three_quarters_of_trigger() -> None:
-    assert compaction_target(truncation(1000)) == 750
+def test_target_defaults_to_the_trigger_as_seed_004_says() -> None:
+    assert compaction_target(truncation(1000)) == 1000
     assert compaction_target(truncation(1000, target_tokens=600)) == 600
-    assert compaction_target(truncation(1000, target_tokens=1000)) == 750
+    assert compaction_target(truncation(1000, target_tokens=1000)) == 1000
+    assert compaction_target(truncation(1000, target_tokens=0)) == 1000
+    assert compaction_target(truncation(1000, target_tokens=1500)) == 1000
+
+
+def test_truncation_without_target_stops_once_count_no_longer_exceeds_trigger() -> None:
+    rows = session(8)
+    trigger = estimate_history_tokens(rows) - 1
+    plan = compact([*rows], truncation(trigger, minimum_preserved_groups=1))
+    assert plan.needed and plan.target == trigger and plan.tokens_after <= trigger
+    # Minimal: keeping the last excluded group back would leave the count above the trigger.
+    assert plan.tokens_after + plan.groups[-1].tokens > trigger or plan.groups[-1].kind != "user"
+    hysteresis = compact(session(8), truncation(trigger, target_tokens=trigger // 2,
+                                                minimum_preserved_groups=1))
+    assert len(hysteresis.groups) > len(plan.groups)
 
 
 def test_compaction_none_or_under_trigger_changes_nothing() -> None:
@@ -74,7 +88,7 @@ def test_compaction_none_or_under_trigger_changes_nothing() -> None:
     assert not compact(rows, CompactionSettings(strategy="none", tokens_exceed=10)).needed
     assert not compact(rows, truncation(estimate_history_tokens(rows))).needed
     assert not compact(rows, truncation(0)).needed
-    assert all(m.excluded is None for m in rows)
+    assert all(m.left_out is None for m in rows)
 
 
 def test_truncation_excludes_oldest_groups_to_target() -> None:
@@ -86,12 +100,13 @@ def test_truncation_excludes_oldest_groups_to_target() -> None:
     assert len(rows) == 21  # nothing deleted
     assert estimate_history_tokens(sent) == plan.tokens_after
     assert sent[0].role == "system" and is_turn_start(sent[1])
-    assert {m.excluded for m in rows if m.excluded} == {TRUNCATED}
+    assert {m.left_out for m in rows if m.left_out} == {TRUNCATED}
 
 
-def test_truncation_target_below_trigger_does_not_refire() -> None:
+def test_truncation_explicit_lower_target_does_not_refire() -> None:
     rows = session(6)
-    settings_ = truncation(estimate_history_tokens(rows) - 1, minimum_preserved_groups=2)
+    trigger = estimate_history_tokens(rows) - 1
+    settings_ = truncation(trigger, target_tokens=trigger * 3 // 4, minimum_preserved_groups=2)
     compact(rows, settings_)
     rows += novel_turn(99)
     assert estimate_history_tokens(visible(rows)) <= settings_.tokens_exceed
@@ -125,18 +140,18 @@ def test_truncation_is_idempotent_and_rolls_back() -> None:
     rows = session(5)
     settings_ = truncation(100, minimum_preserved_groups=1)
     plan = compact(rows, settings_)
-    marks = [m.excluded for m in rows]
+    marks = [m.left_out for m in rows]
     assert not compact(rows, settings_).needed
-    assert [m.excluded for m in rows] == marks
+    assert [m.left_out for m in rows] == marks
     rollback(plan)
-    assert all(m.excluded is None for m in rows)
+    assert all(m.left_out is None for m in rows)
 
 
 def test_summarization_plans_without_changing_anything() -> None:
     rows = session(4)
     plan = compact(rows, CompactionSettings(strategy="summarization", tokens_exceed=100,
                                             minimum_preserved_groups=1))
-    assert plan.needed and all(m.excluded is None for m in rows)
+    assert plan.needed and all(m.left_out is None for m in rows)
     text = summary_request(plan)[0].content
     assert "find novel 0" in text and "get_novel" in text and "find novel 3" not in text
 
@@ -150,9 +165,9 @@ def test_summarization_apply_inserts_summary_and_rollback_restores() -> None:
     assert summary.summary and summary.content.startswith("[Summary]")
     sent = visible(rows)
     assert sent[0].role == "system" and sent[1] is summary and is_turn_start(sent[2])
-    assert {m.excluded for m in plan.excluded_messages} == {SUMMARIZED}
+    assert {m.left_out for m in plan.excluded_messages} == {SUMMARIZED}
     rollback(plan)
-    assert rows == original and all(m.excluded is None for m in rows)
+    assert rows == original and all(m.left_out is None for m in rows)
 
 
 FAST = settings(max_examples=200, deadline=None)
@@ -169,7 +184,7 @@ def test_property_truncation_invariants(rows: list[ChatMessage], trigger: int, p
     assert sent[: len(systems)] == systems
     turn_starts = [i for i, m in enumerate(rows) if is_turn_start(m)]
     if turn_starts:
-        assert all(m.excluded is None for m in rows[turn_starts[-1]:])
+        assert all(m.left_out is None for m in rows[turn_starts[-1]:])
     if plan.needed:
         assert is_turn_start(sent[len(systems)])
         non_system = [g for g in build_groups(sent) if g.kind != "system"]

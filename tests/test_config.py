@@ -79,3 +79,27 @@ def test_config_missing_or_broken_file_is_a_config_error(tmp_path):
     broken.write_text("[server\n")
     with pytest.raises(ConfigError, match="broken.toml"):
         load_settings(broken, env={})
+
+
+def test_config_defaults_are_the_dataclass_defaults():
+    from server.config import PROVIDER_SCHEMA, ProviderProfile, RuntimeSettings, ServerSettings
+
+    settings = settings_from_mapping({}, env={})
+    assert settings.server == ServerSettings() and settings.runtime == RuntimeSettings()
+    profile = ProviderProfile("x", "demo")
+    assert {s.name: s.default for s in PROVIDER_SCHEMA if s.name != "kind"} == \
+        {name: getattr(profile, name) for name in (s.name for s in PROVIDER_SCHEMA) if name != "kind"}
+
+
+@pytest.mark.parametrize("target", [0, -5, 1001])
+def test_compaction_target_outside_trigger_is_refused(target: int) -> None:
+    data = {"runtime": {"compaction": {"strategy": "truncation", "tokens_exceed": 1000,
+                                       "target_tokens": target}}}
+    with pytest.raises(ConfigError, match="target_tokens"):
+        settings_from_mapping(data, env={})
+
+
+def test_compaction_target_equal_to_trigger_is_honoured() -> None:
+    data = {"runtime": {"compaction": {"strategy": "truncation", "tokens_exceed": 1000,
+                                       "target_tokens": 1000}}}
+    assert settings_from_mapping(data, env={}).runtime.compaction.target_tokens == 1000

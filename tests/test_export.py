@@ -31,6 +31,13 @@ def test_export_json_is_versioned_and_plain_data() -> None:
     assert (document["format"], document["version"]) == ("meterchat.session", 1)
     assert json.loads(json.dumps(document)) == document
     assert document["messages"][4]["excluded"] == "compacted"
+    # the version-1 keys, in the order a file written by the first release has them
+    assert list(document["messages"][0]) == [
+        "id", "role", "content", "tool_calls", "tool_call_id", "images", "name", "breadcrumb", "summary",
+        "trimmed", "excluded", "interrupted", "turn_id"]
+    assert list(document["calls"][0]) == [
+        "turn_id", "provider", "model", "route_kind", "input_tokens", "output_tokens", "tokens_source",
+        "cost_usd", "created_at"]
     assert document["calls"][0]["cost_usd"] == 0.5
 
 
@@ -118,6 +125,6 @@ def test_import_rejects_a_document_that_is_not_an_object(document: Any) -> None:
 def test_import_accepts_a_minimal_document() -> None:
     session = from_json({"format": "meterchat.session", "version": 1, "title": "t", "route": "demo",
                          "messages": [{"id": "m1", "role": "user", "content": "hi"}]})
-    assert [(m.id, m.role, m.content, m.trimmed, m.tool_calls) for m in session.messages] == \
-        [("m1", "user", "hi", False, None)]
+    assert [(m.id, m.role, m.content, m.left_out, m.tool_calls) for m in session.messages] == \
+        [("m1", "user", "hi", None, None)]
     assert session.calls == []

@@ -2,11 +2,14 @@ from __future__ import annotations
 
 from server.history import (
     BREADCRUMB_TEXT,
+    TRIMMED,
     ChatMessage,
     Image,
     ToolCall,
     estimate_history_tokens,
     is_turn_start,
+    left_out_from,
+    stored_marks,
     visible,
 )
 
@@ -83,5 +86,14 @@ def test_breadcrumb_recognised_by_flag_not_text() -> None:
 
 def test_visible_hides_trimmed_and_excluded() -> None:
     kept = ChatMessage("user", "a")
-    history = [ChatMessage("user", "b", trimmed=True), ChatMessage("user", "c", excluded="x"), kept]
+    history = [ChatMessage("user", "b", left_out="trimmed"), ChatMessage("user", "c", left_out="x"), kept]
     assert visible(history) == [kept]
+
+
+def test_left_out_is_stored_and_sent_as_trimmed_or_excluded() -> None:
+    retry = "replaced by a retry"
+    cases = [(None, (False, None)), (TRIMMED, (True, None)), (retry, (False, retry))]
+    for left_out, marks in cases:
+        message = ChatMessage("user", "x", left_out=left_out)
+        assert stored_marks(message) == marks and left_out_from(*marks) == left_out
+        assert message.is_hidden == (left_out is not None)

@@ -177,7 +177,7 @@ def test_trim_preview_matches_trim_and_changes_nothing() -> None:
     turns, tokens = trim_preview(rows, 40)
     result = trim_to_recent_turns(rows, 40)
     assert (turns, tokens) == (result.dropped_turns, result.tokens_before - result.tokens_after)
-    assert rows == snapshot and not any(m.trimmed for m in rows)
+    assert rows == snapshot and not any(m.left_out for m in rows)
 
 
 def test_cap_tool_result_keeps_head_and_tail() -> None:

@@ -1,10 +1,13 @@
-"""The ``/ws`` endpoint: one connection's state machine over protocol v1.
+"""``Connection``: one ``/ws`` connection's state machine over protocol v1.
 
 States: ``AWAITING_HELLO`` -> ``OPEN`` -> ``CLOSED``. The first frame must be ``hello``; anything
 else gets an ``error`` frame naming what was expected and what came, and the connection stays.
 After hello the connection is one outbox among the session's: a writer task drains it (joining
 chunk frames that arrive within ``server.coalesce_ms``), a reader parses client frames and hands
-them to the hub. Bad input gets an ``error`` frame; the connection and the session survive.
+them to the hub. Whatever goes wrong while a client frame is parsed or handled becomes an ``error``
+frame for this client (``message_id`` on a ``message``); the connection and the session go on. The
+connection only carries frames: what a joining client receives first is decided by the session's
+``FrameChannel`` (through ``SessionHub.attach``).
 
 Sequence numbers: the ``session`` frame's ``seq`` is the baseline, every frame after it has a
 higher one. On resume (``hello {session_id, last_seq}``) the baseline is ``last_seq`` and the frames
@@ -22,10 +25,11 @@ from typing import Any
 import anyio
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from server.channel import Frame, Outbox
 from server.errors import BadFrame, MeterchatError, error_frame
 from server.hub import SessionHub
-from server.live import LiveSession, Outbox
 from server.protocol import MAX_FRAME_BYTES, ClientFrame, parse_client_frame
+from server.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +40,9 @@ class ConnState(enum.Enum):
     CLOSED = "closed"
 
 
-def coalesce(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def coalesce(frames: list[Frame]) -> list[Frame]:
     """Join runs of chunk frames of one turn into one frame carrying the last seq."""
-    joined: list[dict[str, Any]] = []
+    joined: list[Frame] = []
     for frame in frames:
         last = joined[-1] if joined else None
         if (last is not None and frame["type"] == "chunk" and last["type"] == "chunk"
@@ -50,13 +54,13 @@ def coalesce(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class Connection:
-    def __init__(self, websocket: WebSocket, hub: SessionHub) -> None:
+    def __init__(self, websocket: WebSocket[Any], hub: SessionHub) -> None:
         self.ws = websocket
         self.hub = hub
         self.state = ConnState.AWAITING_HELLO
-        self.live: LiveSession | None = None
+        self.session: Session | None = None
         self.outbox = Outbox()
-        self.coalesce_seconds = hub.rt.settings.server.coalesce_ms / 1000
+        self.coalesce_seconds = hub.coalesce_seconds
 
     async def run(self) -> None:
         try:
@@ -66,19 +70,11 @@ class Connection:
                 tasks.cancel_scope.cancel()
         finally:
             self.state = ConnState.CLOSED
-            self.detach()
+            if self.session is not None:
+                self.hub.detach(self.session, self.outbox)
 
-    def detach(self) -> None:
-        live = self.live
-        if live is None:
-            return
-        live.outboxes.discard(self.outbox)
-        keep = self.hub.rt.settings.server.keep_generating
-        if not live.outboxes and not keep and live.turn is not None:
-            live.turn.cancel_scope.cancel()
-
-    def send_local(self, frame: dict[str, Any]) -> None:
-        self.outbox.push({**frame, "seq": self.live.seq if self.live else 0})
+    def send_local(self, frame: Frame) -> None:
+        self.outbox.push({**frame, "seq": self.session.seq if self.session else 0})
 
     async def read_loop(self) -> None:
         while True:
@@ -99,7 +95,9 @@ class Connection:
         try:
             frame = parse_client_frame(raw)
             await self.dispatch(frame)
-        except MeterchatError as exc:
+        except Exception as exc:  # one bad frame must never cost the client its connection
+            if not isinstance(exc, MeterchatError):
+                log.exception("handling a %s frame failed", frame.type if frame else "client")
             body = error_frame(exc)
             if frame is not None and frame.type == "message":
                 body["message_id"] = frame.get("id")
@@ -111,37 +109,21 @@ class Connection:
                 raise BadFrame(f"expected a hello frame first, got {frame.type!r}")
             await self.hello(frame)
             return
-        live = self.live
-        assert live is not None
+        session = self.session
+        assert session is not None
         if frame.type == "hello":
             raise BadFrame("this connection already said hello; open a new connection for another session")
         if frame.type == "message":
-            await self.hub.submit(live, frame.get("id"), frame.get("content"), frame.get("images"),
+            await self.hub.submit(session, frame.get("id"), frame.get("content"), frame.get("images"),
                                   frame.get("retry_of"))
         elif frame.type == "switch_model":
-            await self.hub.switch(live, frame.get("route"))
+            await self.hub.switch(session, frame.get("route"))
         elif frame.type == "stop":
-            self.hub.stop(live)
+            self.hub.stop(session)
 
     async def hello(self, frame: ClientFrame) -> None:
-        requested = frame.get("session_id")
-        live = await self.hub.open(requested)
-        resumed = requested == live.id
-        last_seq = frame.get("last_seq")
-        replay = live.replay_after(last_seq) if resumed and last_seq is not None else None
-        if replay is not None:
-            initial = [self.hub.snapshot(live, True, last_seq), *replay]
-        else:
-            initial = [self.hub.snapshot(live, resumed, live.seq), self.hub.history(live)]
-        # No await between the snapshot and joining the session: no frame can fall in between.
-        for item in initial:
-            self.outbox.push(item)
-        live.outboxes.add(self.outbox)
-        self.live = live
+        self.session = await self.hub.attach(self.outbox, frame.get("session_id"), frame.get("last_seq"))
         self.state = ConnState.OPEN
-        if replay is None:
-            # In the background: a window discovery on a slow provider must not hold the reader.
-            self.hub.spawn(self.hub.after_hello, live)
 
     async def write_loop(self) -> None:
         while True:

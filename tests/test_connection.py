@@ -275,11 +275,21 @@ async def test_history_clips_long_tool_results_but_the_export_keeps_them(address
     assert [m["content"] for m in exported["messages"] if m["role"] == "tool"] == [full]
 
 
-def test_history_view_clips_tool_text_over_the_limit():
-    from server.history import ChatMessage
-    from server.hub import HISTORY_TOOL_CHARS, display_text
+async def assistant_id(address: str, session_id: str) -> str:
+    async with client(address) as c:
+        frames = await c.hello(session_id)
+    history = of_type(frames, "history")[0]
+    return next(m["id"] for m in history["messages"] if m["role"] == "assistant")
 
-    long = ChatMessage("tool", "z" * (HISTORY_TOOL_CHARS + 500), tool_call_id="c1")
-    shown = display_text(long)
-    assert shown.startswith("z" * HISTORY_TOOL_CHARS) and "500 more characters" in shown
-    assert display_text(ChatMessage("assistant", "z" * 20000)) == "z" * 20000
+
+async def test_message_id_of_a_stored_reply_is_a_bad_frame_and_the_connection_goes_on(address):
+    async with client(address) as c:
+        await c.hello()
+        await c.say("first question")
+        taken = await assistant_id(address, c.session_id)
+        await c.send("message", id=taken, content="reusing a reply's id")
+        error = (await c.until("error"))[-1]
+        assert error["code"] == "bad_frame" and error["message_id"] == taken
+        assert taken in error["message"]
+        assert (await c.say("still here"))[-1]["type"] == "done"
+

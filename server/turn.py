@@ -1,0 +1,276 @@
+"""``Turn``: one user turn: route, trim, call, tool loop, recovery, accounting.
+
+Order of a turn (seed 000): the user's message is durable before any provider call; the route for
+the call is resolved once (a classifier hint may pick another route for this turn only) and its
+capacity and budget drive trimming, the capacity check, the meter and cost alike. Before each
+provider call the turn-limit and token-budget trims run on whole turns, the request's estimate is
+checked against the route's known window, and a provider's context-overflow error trims to 2/3 of
+the estimate and retries (each retry uses an iteration). At ``max_tool_iterations`` one last call
+without tools asks for a final answer. A reply that ends early is kept, marked interrupted.
+
+The turn changes the history only through its ``Session`` and writes each reply through a
+``ReplyWriter``.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import aclosing
+from dataclasses import dataclass, field
+
+from server.compaction_runner import Compaction, NoCompaction
+from server.errors import CapacityExceeded, ContextOverflow, HistoryUnfit, MeterchatError, error_frame
+from server.history import ChatMessage, ToolCall, estimate_history_tokens
+from server.history_trim import TrimReport, cap_tool_result, sweep_orphans
+from server.meter import Reading
+from server.protocol import server_frame
+from server.providers.base import (
+    Finish,
+    ProviderRequest,
+    StreamEvent,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallEvent,
+    ToolSpec,
+    Usage,
+)
+from server.reply import ReplyWriter, Step
+from server.routing import Route
+from server.runtime import Runtime
+from server.session import Session
+from server.store import CallRecord
+from server.tools import run_tool
+
+log = logging.getLogger(__name__)
+
+TRUNCATION_RATIO = 0.6  # a prompt count below 60% of the (calibrated) estimate means a cut
+TRUNCATION_MIN_TOKENS = 512
+FINAL_ANSWER_PROMPT = (
+    "[Tool limit reached] Answer the user now from what you have; no more tool calls are possible."
+)
+SET_ASIDE_UNFIT = "not sent: the request did not fit the model's context window"
+
+
+@dataclass
+class CallResult:
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: Usage | None = None
+    finish: str | None = None
+
+
+@dataclass
+class Totals:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    last_input_tokens: int = 0
+    cost_usd: float | None = None
+
+
+class Turn:
+    def __init__(self, rt: Runtime, session: Session, turn_id: str, route: Route,
+                 compaction: Compaction | None = None) -> None:
+        self.rt = rt
+        self.session = session
+        self.turn_id = turn_id
+        self.route = route
+        self.options = rt.options
+        self.compaction = compaction or NoCompaction()
+        self.totals = Totals()
+        self.writer = ReplyWriter(turn_id, rt.settings.server.store_flush_ms / 1000)
+        self.final_text = ""
+
+    # --- frames -------------------------------------------------------------------------------
+
+    def emit(self, kind: str, **fields: object) -> None:
+        self.session.emit(server_frame(kind, **fields))
+
+    async def emit_meter(self, reason: str, reading: Reading | None = None,
+                         reported: int | None = None) -> Reading:
+        return await self.session.emit_meter(self.route, reason, reading, reported)
+
+    def tools(self, final: bool = False) -> list[ToolSpec]:
+        return self.rt.meter.tools(self.route, final)
+
+    # --- trimming -----------------------------------------------------------------------------
+
+    async def apply_trim(self, report: TrimReport) -> None:
+        if await self.session.trim(report, self.turn_id):
+            await self.emit_meter("trim")
+
+    async def proactive_trims(self, budget: int) -> None:
+        ledger = self.session.ledger
+        await self.apply_trim(ledger.trim_turn_count(self.options.turn_limit))
+        provider = self.rt.providers[self.route.provider]
+        await self.compaction.compact(self.session, self.route, provider, self.turn_id)
+        if budget > 0:
+            await self.apply_trim(self.session.ledger.trim(budget))  # compaction may rebuild it
+
+    async def recover(self, overflow: ContextOverflow) -> None:
+        report = self.session.ledger.trim_for_overflow()
+        if not report.trimmed or not [m for m in report.dropped if not m.breadcrumb]:
+            raise HistoryUnfit(f"{self.route.name} reported a context overflow ({overflow.message}) and "
+                               f"no older turn is left to drop: the newest turn alone does not fit")
+        await self.apply_trim(report)
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            await self.loop()
+        except CapacityExceeded as exc:
+            await self.finish_reply(interrupted=True)
+            # Kept in the transcript but not sent again, so one oversized message cannot block
+            # every later turn when proactive trimming is off.
+            await self.session.set_aside(self.turn_id, SET_ASIDE_UNFIT)
+            self.session.emit(error_frame(exc, turn_id=self.turn_id))
+        except MeterchatError as exc:
+            await self.fail(exc)
+        except Exception as exc:  # a bug must not take the session down; the user is told
+            log.exception("turn %s of session %s failed", self.turn_id, self.session.id)
+            await self.fail(exc)
+        else:
+            await self.finish_reply(interrupted=False)
+            await self.emit_done()
+
+    async def fail(self, exc: Exception) -> None:
+        """Keep the reply, marked interrupted, and tell the clients, even when the store refuses
+        the mark: the error that ended the turn may be the store's own (a lost database)."""
+        try:
+            await self.finish_reply(interrupted=True)
+        finally:
+            self.session.emit(error_frame(exc, turn_id=self.turn_id))
+
+    async def loop(self) -> None:
+        limit = self.options.max_tool_iterations
+        iteration = 0
+        while iteration <= limit:
+            final = iteration == limit
+            reading = await self.rt.meter.read(self.route, self.session.ledger.estimate, self.tools(final))
+            await self.proactive_trims(reading.budget)
+            iteration += 1
+            try:
+                result = await self.call(final)
+            except ContextOverflow as overflow:
+                await self.recover(overflow)
+                if final:  # the final answer is still owed: retry it (each recovery drops a turn)
+                    iteration -= 1
+                continue
+            if not result.tool_calls or final:
+                return
+            await self.run_tools(result.tool_calls)
+
+    async def prepare(self, final: bool) -> tuple[list[ChatMessage], Reading]:
+        messages = sweep_orphans(self.session.to_send())
+        if final:
+            messages.append(ChatMessage("user", FINAL_ANSWER_PROMPT, turn_id=self.turn_id))
+        estimate = estimate_history_tokens(messages, self.options.image_token_cost)
+        reading = await self.rt.meter.read(self.route, estimate, self.tools(final))
+        over = reading.over_capacity()
+        if over:
+            raise CapacityExceeded(
+                f"the request needs about {reading.estimate:,} tokens but {self.route.name} holds "
+                f"{reading.capacity.window:,}: {over:,} tokens over; shorten the message or switch to a "
+                f"larger model", estimated=reading.estimate, window=reading.capacity.window or 0)
+        return messages, reading
+
+    async def call(self, final: bool) -> CallResult:
+        messages, reading = await self.prepare(final)
+        self.emit("route", turn_id=self.turn_id, **self.route.fields())
+        await self.emit_meter("send", reading)
+        provider = self.rt.providers[self.route.provider]
+        request = ProviderRequest(self.route.model, messages, self.tools(final),
+                                  self.options.max_output_tokens)
+        result = CallResult()
+        async with aclosing(provider.stream(request)) as events:  # closed at once on stop
+            async for event in events:
+                await self.on_event(event, result)
+        if result.usage is not None:
+            await self.account(result.usage, reading)
+        if result.finish == "length":
+            self.emit("notice", code="reply_truncated", turn_id=self.turn_id, message=(
+                f"{self.route.name} stopped at its output limit (runtime.max_output_tokens = "
+                f"{self.options.max_output_tokens:,}); the reply is incomplete."))
+        return result
+
+    async def on_event(self, event: StreamEvent, result: CallResult) -> None:
+        if isinstance(event, TextDelta):  # the hot path: one per streamed piece
+            self.session.emit({"type": "chunk", "turn_id": self.turn_id, "content": event.text})
+            step = self.writer.append(event.text)
+            if step is Step.JOIN:  # in the transcript at once (snapshots), in the store soon
+                self.session.join_reply(self.writer)
+            elif step is Step.FLUSH:
+                await self.rt.store.save_messages(self.session.id, [self.writer.flush()])
+        elif isinstance(event, ThinkingDelta):
+            self.emit("thinking", turn_id=self.turn_id, content=event.text)
+        elif isinstance(event, ToolCallEvent):
+            result.tool_calls.append(ToolCall(event.id, event.name, event.arguments))
+        elif isinstance(event, Usage):
+            result.usage = event
+        elif isinstance(event, Finish):
+            result.finish = event.reason
+
+    async def account(self, usage: Usage, reading: Reading) -> None:
+        calibration = self.rt.resolver.calibration
+        if self.silently_truncated(usage, reading):
+            self.emit("notice", code="provider_truncated", turn_id=self.turn_id, message=(
+                f"{self.route.name} read only {usage.input_tokens:,} prompt tokens where about "
+                f"{calibration.apply(self.route, reading.estimate):,} were sent: it "
+                f"probably cut the start of the conversation to fit its context (num_ctx). Set num_ctx "
+                f"or context_window for this provider so meterchat trims whole turns instead."))
+        else:  # a truncated count says nothing about the tokenizer: keep it out of the calibration
+            calibration.observe(self.route, reading.estimate, usage.input_tokens)
+        cost = self.rt.resolver.cost(self.route, usage.input_tokens, usage.output_tokens)
+        self.add_to_totals(usage, cost)
+        await self.rt.store.record_call(self.session.id, CallRecord(
+            self.turn_id, self.route.provider, self.route.model, self.route.kind, usage.input_tokens,
+            usage.output_tokens, "provider", cost))
+        await self.emit_meter("usage", reading, reported=usage.input_tokens)
+
+    def add_to_totals(self, usage: Usage, cost: float | None) -> None:
+        totals = self.totals
+        totals.input_tokens += usage.input_tokens
+        totals.output_tokens += usage.output_tokens
+        totals.last_input_tokens = usage.input_tokens
+        if cost is not None:
+            totals.cost_usd = (totals.cost_usd or 0.0) + cost
+
+    def silently_truncated(self, usage: Usage, reading: Reading) -> bool:
+        """Ollama answers an over-long prompt with HTTP 200 after dropping its start; the only
+        trace is a prompt count far below what was sent."""
+        if self.rt.settings.providers[self.route.provider].kind != "ollama":
+            return False
+        expected = self.rt.resolver.calibration.apply(self.route, reading.estimate)
+        return expected >= TRUNCATION_MIN_TOKENS and usage.input_tokens < expected * TRUNCATION_RATIO
+
+    # --- the reply message --------------------------------------------------------------------
+
+    async def finish_reply(self, *, interrupted: bool, tool_calls: list[ToolCall] | None = None) -> None:
+        """End the current assistant message (before tool results, or at the end of the turn)."""
+        message = self.writer.finish(interrupted=interrupted, tool_calls=tool_calls)
+        self.session.settle_reply(message)
+        if message is None:  # an empty reply was never stored: nothing to keep
+            return
+        await self.rt.store.save_messages(self.session.id, [message])
+        self.final_text = "" if message.tool_calls else message.content
+
+    async def run_tools(self, calls: list[ToolCall]) -> None:
+        await self.finish_reply(interrupted=False, tool_calls=calls)  # a reply asking for tools is complete
+        results = []
+        for call in calls:
+            self.emit("tool_call", turn_id=self.turn_id, id=call.id, name=call.name, args=call.arguments)
+            output = cap_tool_result(await run_tool(call.name, call.arguments),
+                                     self.options.max_tool_result_chars)
+            self.emit("tool_result", turn_id=self.turn_id, id=call.id, name=call.name, output=output)
+            results.append(ChatMessage("tool", output, tool_call_id=call.id, name=call.name,
+                                       turn_id=self.turn_id))
+        self.session.add(*results)
+        await self.rt.store.append_messages(self.session.id, results)
+
+    async def emit_done(self) -> None:
+        capacity = await self.rt.resolver.capacity(self.route)
+        budget = self.rt.resolver.budget(capacity)
+        t = self.totals
+        self.emit("done", turn_id=self.turn_id, full_response=self.final_text, input_tokens=t.input_tokens,
+                  output_tokens=t.output_tokens, last_input_tokens=t.last_input_tokens,
+                  provider=self.route.provider, model=self.route.model, max_context_tokens=budget,
+                  model_context_window=capacity.window, cost_usd=t.cost_usd)

@@ -1,0 +1,67 @@
+"""The session's history state: what is sent, the reply being written, the breadcrumb."""
+
+from __future__ import annotations
+
+from server.channel import FrameChannel
+from server.events import EventBus
+from server.history import TRIMMED, ChatMessage
+from server.reply import ReplyWriter
+from server.routing import Route
+from server.session import Session
+
+ROUTE = Route("demo", "demo-small", "default")
+
+
+def session_of(transcript: list[ChatMessage]) -> Session:
+    return Session("s", "t", ROUTE, transcript, channel=FrameChannel("s", EventBus()))
+
+
+def test_session_to_send_leaves_out_the_reply_being_written():
+    session = session_of([])
+    user = ChatMessage("user", "hi", turn_id="t1")
+    session.add(user)
+    writer = ReplyWriter("t1", flush_seconds=1.0)
+    writer.append("partial")
+    session.join_reply(writer)
+    session.rebuild()
+    assert session.to_send() == [user]
+    assert [m.content for m in session.snapshot()] == ["hi", "partial"]
+    reply = writer.finish(interrupted=False)
+    session.settle_reply(reply)
+    assert session.to_send() == [user, reply] and session.transcript == [user, reply]
+
+
+def test_session_settle_takes_an_empty_streamed_reply_back_out():
+    session = session_of([])
+    user = ChatMessage("user", "hi", turn_id="t1")
+    session.add(user)
+    writer = ReplyWriter("t1", flush_seconds=1.0)
+    writer.append("")
+    session.join_reply(writer)
+    session.settle_reply(writer.finish(interrupted=True))
+    assert session.transcript == [user] and session.to_send() == [user]
+
+
+def test_session_settle_lists_a_reply_that_never_streamed():
+    session = session_of([ChatMessage("user", "hi", turn_id="t1")])
+    writer = ReplyWriter("t1", flush_seconds=1.0)
+    message = writer.finish(interrupted=False, tool_calls=[])
+    assert message is None  # no text, no tool calls: nothing to keep
+    session.settle_reply(message)
+    assert len(session.transcript) == 1
+
+
+def test_breadcrumb_only_for_turns_left_out_to_fit():
+    refused = ChatMessage("user", "too long", turn_id="t1", left_out="not sent: over the window")
+    kept = ChatMessage("user", "next", turn_id="t2")
+    session = session_of([refused, kept])
+    assert session.to_send() == [kept]  # a set-aside turn is not "omitted to fit the context window"
+    trimmed = ChatMessage("user", "old", turn_id="t0", left_out=TRIMMED)
+    session = session_of([trimmed, kept])
+    assert [m.breadcrumb for m in session.to_send()] == [True, False]
+
+
+def test_session_knows_every_message_id_of_its_transcript():
+    reply = ChatMessage("assistant", "a", turn_id="t1")
+    session = session_of([ChatMessage("user", "q", turn_id="t1", id="u1"), reply])
+    assert session.knows("u1") and session.knows(reply.id) and not session.knows("other")
