@@ -49,8 +49,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"meterchat: serving on http://{host}:{port}/ ({settings.source}; default route "
           f"{settings.default_route})", file=sys.stderr, flush=True)
     # No per-message deflate: chat frames are small and many, so compressing each costs more CPU
-    # than it saves on a local or LAN link.
+    # than it saves on a local or LAN link. Loop, parser and WebSocket implementation were chosen by
+    # bench/load.py (docs/performance.md): "auto" takes uvloop and httptools, which pyproject installs
+    # where they build, and falls back to asyncio and h11 elsewhere.
     uvicorn.run(create_app(settings), host=host, port=port, log_level=args.log_level,
+                loop="auto", http="auto", ws="websockets-sansio",
                 ws_max_size=16 * 1024 * 1024, ws_per_message_deflate=False)
 
 
