@@ -1,8 +1,8 @@
 """The embedded store: one SQLite file, ``meterchat.sqlite3``, under the data directory.
 
 WAL journal with ``synchronous=NORMAL``: a committed write survives the process being killed
-(SIGKILL included); only a power cut can lose the last few commits. The schema is created on open
-and its version kept in ``schema_version``; a file written by a newer schema stops start-up.
+(SIGKILL included); only a power cut can lose the last few commits. Opening runs the pending schema
+migrations (``server.migrations``); a file written by a newer schema stops start-up.
 
 Threading: one connection, opened with ``check_same_thread=False`` and serialised by a
 ``threading.Lock`` held inside the worker thread that ``anyio.to_thread.run_sync`` runs each call
@@ -29,8 +29,9 @@ from typing import Any, TypeVar
 
 import anyio.to_thread
 
-from server.errors import ConfigError, SessionExists, UnknownSession
+from server.errors import SessionExists, UnknownSession
 from server.history import ChatMessage
+from server.migrations import migrate_sqlite
 from server.store import (
     CALL_FIELDS,
     MESSAGE_FIELDS,
@@ -44,36 +45,13 @@ from server.store import (
     message_to_data,
 )
 
-SCHEMA_VERSION = 1
 FILE_NAME = "meterchat.sqlite3"
 T = TypeVar("T")
 
-# The version-1 schema, written out: a stored table is history, so it is not derived from the code
-# of the day (a new field needs a new schema version). The message columns are the codec's
-# (``server.store.MESSAGE_FIELDS``: flags as INTEGER 0/1, lists as JSON TEXT); the test that reads a
-# version-1 file holds the two together.
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS sessions (
-    id TEXT PRIMARY KEY, title TEXT NOT NULL, route TEXT NOT NULL,
-    created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS messages (
-    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-    id TEXT NOT NULL, position REAL NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
-    tool_calls TEXT, tool_call_id TEXT, images TEXT, name TEXT,
-    breadcrumb INTEGER NOT NULL, summary INTEGER NOT NULL, trimmed INTEGER NOT NULL,
-    excluded TEXT, interrupted INTEGER NOT NULL, turn_id TEXT,
-    PRIMARY KEY (session_id, id));
-CREATE INDEX IF NOT EXISTS messages_order ON messages (session_id, position);
-CREATE TABLE IF NOT EXISTS calls (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-    turn_id TEXT, provider TEXT NOT NULL, model TEXT NOT NULL, route_kind TEXT NOT NULL,
-    input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, tokens_source TEXT NOT NULL,
-    cost_usd REAL, created_at TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS calls_session ON calls (session_id, seq);
-"""
-
+# The tables are the migrations' (``server.migrations``: version 1 is the schema written before
+# migrations, verbatim; a new field needs a new migration). The message columns are the codec's
+# (``server.store.MESSAGE_FIELDS``: flags as INTEGER 0/1, lists as JSON TEXT); the test that reads
+# a version-1 file holds the two together.
 _FIELDS = MESSAGE_FIELDS[1:]  # the columns after (session_id, id, position)
 _INSERT = (f"INSERT INTO messages (session_id, id, position, {', '.join(_FIELDS)}) "
            f"VALUES ({', '.join('?' * (len(_FIELDS) + 3))})")
@@ -321,29 +299,7 @@ class SqliteStore:
         self._put_calls(session.id, session.calls)
 
 
-# Added after version 1 without a version bump (IF NOT EXISTS, nothing older reads them), kept apart
-# so the pg branch's numbered migrations can take them over: windows learned from providers' overflow
-# errors, and the full-text index of message text (FTS5, kept by triggers) the session search reads.
-_ROUTE_WINDOWS = """
-CREATE TABLE IF NOT EXISTS route_windows (
-    provider TEXT NOT NULL, model TEXT NOT NULL, tokens INTEGER NOT NULL, learned_at TEXT NOT NULL,
-    PRIMARY KEY (provider, model));
-"""
-_MESSAGE_TEXT = """
-CREATE VIRTUAL TABLE message_text USING fts5(content, session_id UNINDEXED);
-INSERT INTO message_text (rowid, content, session_id) SELECT rowid, content, session_id FROM messages;
-CREATE TRIGGER message_text_insert AFTER INSERT ON messages BEGIN
-    INSERT INTO message_text (rowid, content, session_id) VALUES (new.rowid, new.content, new.session_id);
-END;
-CREATE TRIGGER message_text_update AFTER UPDATE OF content ON messages BEGIN
-    UPDATE message_text SET content = new.content WHERE rowid = old.rowid;
-END;
-CREATE TRIGGER message_text_delete AFTER DELETE ON messages BEGIN
-    DELETE FROM message_text WHERE rowid = old.rowid;
-END;
-"""
-
-
+# The session search (migration 3): titles by substring, message text through the FTS5 index.
 def _search_sql(query: str, before: str | None, limit: int | None) -> tuple[str, tuple[Any, ...]]:
     """The session list, newest first: titles (substring) or message text (FTS5 prefix terms) that
     match every word of ``query``, updated before ``before``, at most ``limit`` rows."""
@@ -373,14 +329,4 @@ def _prepare(connection: sqlite3.Connection, path: Path) -> None:
     connection.execute("PRAGMA journal_mode = WAL")
     connection.execute("PRAGMA synchronous = NORMAL")
     connection.execute("PRAGMA foreign_keys = ON")
-    connection.executescript(_SCHEMA)
-    connection.executescript(_ROUTE_WINDOWS)
-    known = connection.execute("SELECT 1 FROM sqlite_master WHERE name = 'message_text'").fetchone()
-    if known is None:  # first open since the index was added: built from the messages once
-        connection.executescript("BEGIN;" + _MESSAGE_TEXT + "COMMIT;")
-    row = connection.execute("SELECT MAX(version) FROM schema_version").fetchone()
-    if row[0] is None:
-        connection.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
-    elif row[0] > SCHEMA_VERSION:
-        raise ConfigError(f"{path.name}: written by a newer meterchat (schema {row[0]}, "
-                          f"this one reads up to {SCHEMA_VERSION})")
+    migrate_sqlite(connection, path.name)

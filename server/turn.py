@@ -165,12 +165,10 @@ class Turn:
             await self.session.set_aside(self.turn_id, SET_ASIDE_UNFIT)
             await self.end(error_frame(exc, turn_id=self.turn_id))
         except MeterchatError as exc:
-            await self.finish_reply(interrupted=True)
-            await self.end(error_frame(exc, turn_id=self.turn_id))
+            await self.fail(exc)
         except Exception as exc:  # a bug must not take the session down; the user is told
             log.exception("turn %s of session %s failed", self.turn_id, self.session.id)
-            await self.finish_reply(interrupted=True)
-            await self.end(error_frame(exc, turn_id=self.turn_id))
+            await self.fail(exc)
         else:
             await self.finish_reply(interrupted=False)
             await self.end(await self.done_frame())
@@ -178,8 +176,20 @@ class Turn:
     async def end(self, frame: dict[str, Any]) -> None:
         """The meter shows the next send (the reply just written included) before the turn's last
         frame, so a client that waits for ``done`` or ``error`` already has it."""
-        await self.session.emit_meter(self.session.route, "done")
-        self.session.emit(frame)
+        try:
+            await self.session.emit_meter(self.session.route, "done")
+        except Exception:  # the store may be what failed (learned windows are read from it)
+            log.exception("meter after turn %s of session %s", self.turn_id, self.session.id)
+        finally:
+            self.session.emit(frame)
+
+    async def fail(self, exc: Exception) -> None:
+        """Keep the reply, marked interrupted, and tell the clients, even when the store refuses
+        the mark: the error that ended the turn may be the store's own (a lost database)."""
+        try:
+            await self.finish_reply(interrupted=True)
+        finally:
+            await self.end(error_frame(exc, turn_id=self.turn_id))
 
     async def loop(self) -> None:
         limit = self.options.max_tool_iterations

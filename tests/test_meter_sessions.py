@@ -11,6 +11,7 @@ import pytest
 from server.history import ChatMessage
 from server.store import open_store
 from tests.support import client, serve, settings_for
+from tests.test_store import Backend
 
 pytestmark = pytest.mark.anyio
 
@@ -39,27 +40,47 @@ async def test_an_opened_page_stores_no_empty_session(tmp_path):
     assert [m["role"] for m in history["messages"]] == ["system", "user", "assistant"]
 
 
-async def seeded(tmp_path, rows):
-    store = open_store(tmp_path / "data")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest, tmp_path) -> Backend:
+    """The search runs on both backends; PostgreSQL on a fresh database of the private cluster."""
+    if request.param == "sqlite":
+        return Backend("sqlite", tmp_path / "data")
+    return Backend("postgresql", tmp_path / "unused", request.getfixturevalue("pg_cluster").new_database())
+
+
+async def seeded(tmp_path, rows, backend: Backend | None = None):
+    store = backend.open() if backend else open_store(tmp_path / "data")
     for session_id, title, text in rows:
         await store.create_session(session_id, title=title, route="demo")
         await store.append_messages(session_id, [ChatMessage("user", text)])
     return store
 
 
-async def test_search_finds_sessions_by_title_and_by_text(tmp_path):
+async def test_search_finds_sessions_by_title_and_by_text(tmp_path, backend):
     store = await seeded(tmp_path, [("a", "Garden plans", "tomatoes and basil"),
                                     ("b", "Trip", "the train to Lyon leaves at nine"),
-                                    ("c", "100% sure", "nothing here")])
+                                    ("c", "100% sure", "nothing here")], backend)
     assert [s.id for s in await store.list_sessions("garden")] == ["a"]
     assert [s.id for s in await store.list_sessions("lyon train")] == ["b"]
     assert [s.id for s in await store.list_sessions("tomat")] == ["a"]  # a prefix matches
     assert [s.id for s in await store.list_sessions("100%")] == ["c"]  # LIKE wildcards are literal
     assert await store.list_sessions("quantum") == []
-    await store.save_messages("b", [ChatMessage("user", "now by bus", id="x")])
+    await store.save_messages("b", [ChatMessage("user", "now by bus\x00", id="x")])  # a NUL too
     await store.delete_session("a")
     assert await store.list_sessions("tomatoes") == []
     assert [s.id for s in await store.list_sessions("bus")] == ["b"]
+    assert [s.id for s in await store.list_sessions("", limit=2)] == ["b", "c"]
+    await store.close()
+
+
+async def test_learned_windows_are_kept(backend):
+    store = backend.open()
+    await store.save_window("demo", "demo-open", 16384)
+    await store.save_window("demo", "demo-open", 16000)
+    await store.save_window("p", "m/with/slash", 8192)
+    await store.close()
+    store = backend.open()
+    assert await store.load_windows() == {("demo", "demo-open"): 16000, ("p", "m/with/slash"): 8192}
     await store.close()
 
 
@@ -85,7 +106,9 @@ async def test_search_index_is_built_for_a_file_written_before_it(tmp_path):
     path = tmp_path / "data" / "meterchat.sqlite3"
     with sqlite3.connect(path) as connection:
         connection.executescript("DROP TRIGGER message_text_insert; DROP TRIGGER message_text_update;"
-                                 "DROP TRIGGER message_text_delete; DROP TABLE message_text;")
+                                 "DROP TRIGGER message_text_delete; DROP TABLE message_text;"
+                                 "DELETE FROM schema_migrations WHERE version = 3;"
+                                 "UPDATE schema_version SET version = 2;")
     store = open_store(tmp_path / "data")
     assert [s.id for s in await store.list_sessions("lighthouse")] == ["old"]
     await store.close()
