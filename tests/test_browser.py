@@ -327,11 +327,14 @@ def test_a_second_tab_sees_the_message_and_reply(browser: Browser, base_url: str
         expect(second.locator(DONE).locator(".msg-body")).to_have_text("seen from both tabs")
 
 
-def test_a_bad_model_command_shows_an_error_and_the_page_carries_on(page: Page) -> None:
+def test_a_bad_model_command_is_answered_and_the_page_carries_on(page: Page) -> None:
     open_new_chat(page)
     send(page, "/model nowhere/nothing")
     expect(page.locator('[data-role="command"]')).to_have_text("/model nowhere/nothing")
-    expect(page.get_by_test_id("error")).to_be_visible()
+    # issue 10: answered with the routes that exist (a notice), not an error
+    answer = page.locator('[data-testid="notice"][data-code="unknown_route"]')
+    expect(answer).to_be_visible()
+    expect(answer).to_contain_text("demo/demo-open")
     expect(page.get_by_test_id("connection-status")).to_have_attribute("data-status", "online")
     send_and_wait(page, "echo still here")
     expect(page.locator(DONE).last.locator(".msg-body")).to_have_text("still here")
@@ -420,7 +423,8 @@ def test_switching_to_a_smaller_model_shows_the_trim_before_sending(page: Page) 
     open_new_chat(page)
     page.get_by_test_id("model-picker").select_option("demo/demo-open")
     expect(page.get_by_test_id("meter-route")).to_have_text("demo/demo-open")
-    for title in ("paper moon", "seventh garden", "spark train"):
+    # four: the meter counts as the demo does (about bytes / 4.4), so three no longer fill the budget
+    for title in ("paper moon", "seventh garden", "spark train", "harbour letters"):
         send_and_wait(page, f"look up {title}")
     preview = page.get_by_test_id("trim-preview")
     expect(preview).to_be_hidden()

@@ -117,7 +117,7 @@ def test_meter_breakdown_shows_the_numbers_of_the_last_context_frame(page: Page)
     expect(row("breakdown-window")).to_have_text(f"{fmt(frame['model_context_window'])} tokens")
     expect(page.get_by_test_id("breakdown-window-source")).to_have_text("configuration")
     expect(page.get_by_test_id("breakdown-trims")).to_have_text("No trims this session")
-    expect(page.get_by_test_id("breakdown-calibration")).to_have_count(0)  # absent from the frame
+    expect(page.get_by_test_id("breakdown-trim-preview")).to_have_count(0)  # absent from the frame
 
     # A frame with every field, as a richer server may send: each number lands in its row.
     full = {
@@ -169,7 +169,7 @@ def test_an_empty_chat_welcomes_with_examples_that_work(page: Page) -> None:
     box = page.get_by_test_id("message-input")
     expect(box).to_have_value("/model demo/demo-open")
     box.press("Enter")
-    expect(page.get_by_test_id("meter-window")).to_contain_text("window unknown")
+    expect(page.get_by_test_id("meter-window")).to_contain_text("window not published")  # issue 10 wording
     expect(welcome).to_be_hidden()
 
 

@@ -35,6 +35,7 @@ export class Meter {
     this.toggle = this.q("meter-toggle");
     this.panel = this.q("meter-breakdown");
     this.numbers = root.querySelector(".meter-numbers");
+    this.panel.tabIndex = 0; // it scrolls on a phone: a keyboard must reach it too
     this.markerLabel = el("span", { class: "meter-budget-label", "data-testid": "meter-budget-label", hidden: true });
     this.q("meter-bar").append(this.markerLabel);
     this.last = null;
