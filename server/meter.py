@@ -98,6 +98,11 @@ class Reading:
         return math.floor(figure / self.ratio)
 
     @property
+    def counted(self) -> bool:
+        """The figure is the provider's own count: nothing was added since it counted."""
+        return self.anchor is not None and self.anchor.raw == self.estimate and not self.reserve
+
+    @property
     def figure(self) -> int:
         """What the meter shows: the next request's count plus the reply reserve."""
         return self.count(self.estimate) + self.reserve
@@ -151,7 +156,7 @@ class Meter:
               left_out: Sequence[ChatMessage] = ()) -> dict[str, Any]:
         preview = self.preview(reading, ledger) if reported is None else None
         if reported is None:
-            source = "estimate" if reading.anchor is None else "provider"
+            source = "provider" if reading.counted else "estimate"
             tokens_used = reading.figure
         else:
             tokens_used, source = reported, "provider"

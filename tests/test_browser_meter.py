@@ -60,7 +60,7 @@ def test_meter_after_a_reply_shows_the_next_send(page: Page) -> None:
     figure = done_meter[-1]["estimated_tokens"]
     last_input = received(page, "done")[-1]["last_input_tokens"]
     assert isinstance(figure, int) and isinstance(last_input, int) and figure > last_input + 300
-    expect(page.get_by_test_id("meter-used")).to_have_text(f"{figure:,}")
+    expect(page.get_by_test_id("meter-used")).to_have_text(f"~{figure:,}")  # an estimate: the reply was added
 
 
 def test_unpublished_window_is_told_in_words_with_a_labelled_marker_on_a_phone(

@@ -103,7 +103,7 @@ async def test_context_frame_carries_its_breakdown(tmp_path):
     assert hello["estimated_tokens"] == (hello["system_tokens"] + hello["tool_schema_tokens"]
                                          + hello["history_tokens"] + hello["image_tokens"] + 300)
     after = contexts(frames, "done")[0]
-    assert after["calibration_ratio"] != 1.0 and after["tokens_source"] == "provider"
+    assert after["calibration_ratio"] != 1.0 and after["tokens_source"] == "estimate"  # the reply was added
 
 
 async def test_window_named_by_an_overflow_is_learned_kept_and_trimmed_to(tmp_path):
