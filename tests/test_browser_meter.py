@@ -107,3 +107,15 @@ def test_a_switch_is_confirmed_with_the_window_and_unknown_commands_are_answered
     send_and_wait(page, "/hint nowhere say hi")
     hint = page.locator('[data-testid="notice"][data-code="unknown_hint"]')
     expect(hint).to_contain_text("No route has the hint 'nowhere'")
+
+
+def test_the_sidebar_search_finds_a_chat_by_its_text(page: Page) -> None:
+    open_new_chat(page)
+    send_and_wait(page, "echo alpha")
+    send_and_wait(page, "echo a zebra crossing")  # the title stays "echo alpha"
+    titles = page.get_by_test_id("session-title")
+    expect(titles.filter(has_text="echo alpha")).to_have_count(1)
+    page.get_by_test_id("session-search").fill("zebra")
+    expect(titles).to_have_text(["echo alpha"])  # found by its text, not its title
+    page.get_by_test_id("session-search").fill("quokka-nowhere")
+    expect(page.get_by_test_id("session-list")).to_contain_text("No chat matches.")

@@ -16,13 +16,15 @@ export class Sessions {
     this.currentId = currentId;
     this.onError = onError;
     this.sessions = []; // the last list the server sent; the one state the sidebar renders from
+    this.query = ""; // the search that list answers
     this.renaming = null; // id of the session whose title is being typed
     this.stale = false; // a list arrived while a menu or a rename was open
     this.openMenu = null; // {button, menu} of the open row menu
     this.refreshing = null;
     this.again = false;
     root.querySelector('[data-testid="import-file"]').addEventListener("change", (e) => this.importFile(e.target));
-    this.search.addEventListener("input", () => this.render());
+    // The server searches titles and message text (FTS5); the list shows what it answered.
+    this.search.addEventListener("input", () => this.refresh());
     document.addEventListener("click", (event) => {
       if (this.openMenu && !this.openMenu.menu.parentElement.contains(event.target)) this.closeMenu();
     });
@@ -56,7 +58,9 @@ export class Sessions {
 
   async load() {
     try {
-      this.sessions = await api("/api/sessions");
+      const query = this.search.value.trim();
+      this.sessions = await api(query ? `/api/sessions?q=${encodeURIComponent(query)}` : "/api/sessions");
+      this.query = query;
       this.render();
     } catch (error) {
       this.onError(`Could not load sessions: ${error.message}`);
@@ -67,8 +71,7 @@ export class Sessions {
     // Never clobber a title being typed or a menu in use; the list catches up when they close.
     this.stale = Boolean(this.renaming || this.openMenu);
     if (this.stale) return;
-    const query = this.search.value.trim().toLowerCase();
-    const shown = this.sessions.filter((s) => !query || (s.title || "Untitled").toLowerCase().includes(query));
+    const shown = this.sessions;
     const groups = groupByDay(shown);
     this.list.replaceChildren(
       ...groups.map(([label, items]) =>
@@ -80,8 +83,7 @@ export class Sessions {
         ),
       ),
     );
-    if (!this.sessions.length) this.list.append(el("p", { class: "empty", text: "No saved sessions yet." }));
-    else if (!shown.length) this.list.append(el("p", { class: "empty", text: "No chat matches." }));
+    if (!shown.length) this.list.append(el("p", { class: "empty", text: this.query ? "No chat matches." : "No saved sessions yet." }));
   }
 
   item(s) {

@@ -1,0 +1,44 @@
+"""``Reading``, the one accounting (pure): the figure, its inverse for the trim budget, the anchor."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.meter import Anchor, Reading, next_anchor
+from server.routing import Capacity, Route
+
+ROUTE = Route("p", "m", "default")
+
+
+def reading(estimate: int = 1000, *, capacity: Capacity = Capacity(4096, "config"), ratio: float = 1.0,
+            anchor: Anchor | None = None, reserve: int = 0) -> Reading:
+    return Reading(ROUTE, capacity, 4096, estimate, 100, ratio, anchor, reserve)
+
+
+@pytest.mark.parametrize("anchor", [None, Anchor(900, 1200), Anchor(900, 1200, 1.1)])
+@pytest.mark.parametrize("ratio", [0.8, 1.0, 1.37])
+def test_reading_budget_is_the_inverse_of_the_figure(anchor: Anchor | None, ratio: float) -> None:
+    r = reading(ratio=ratio, anchor=anchor, reserve=250)
+    raw = r.raw_history_budget()
+    assert r.history_figure(raw) <= r.target  # the trim target is met...
+    assert r.history_figure(raw + 2) > r.target  # ...by the largest history that meets it
+
+
+def test_reading_counts_from_the_anchor_at_the_marginal_ratio() -> None:
+    r = reading(1100, ratio=2.0, anchor=Anchor(1000, 1500, 1.2))
+    assert r.figure == 1500 + 120
+    assert not r.counted and reading(1000, anchor=Anchor(1000, 1500)).counted
+
+
+def test_reading_over_capacity_uses_the_figure_and_the_reserve() -> None:
+    assert reading(4000, ratio=1.0, reserve=0).over_capacity() == 0
+    assert reading(4000, ratio=1.0, reserve=200).over_capacity() == 104
+    assert reading(40000, capacity=Capacity(None)).over_capacity() == 0  # unknown: never refused
+
+
+def test_anchor_learns_the_marginal_ratio_and_ignores_small_steps() -> None:
+    first = next_anchor(None, 1000, 900)
+    assert first.ratio is None
+    second = next_anchor(first, 2000, 2200)
+    assert second.ratio == pytest.approx(1.3)
+    assert next_anchor(second, 2010, 2250).ratio == second.ratio  # a 10-token step says too little
