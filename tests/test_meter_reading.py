@@ -8,9 +8,10 @@ from server.meter import Anchor, Reading, next_anchor
 from server.routing import Capacity, Route
 
 ROUTE = Route("p", "m", "default")
+KNOWN = Capacity(4096, "config")
 
 
-def reading(estimate: int = 1000, *, capacity: Capacity = Capacity(4096, "config"), ratio: float = 1.0,
+def reading(estimate: int = 1000, *, capacity: Capacity = KNOWN, ratio: float = 1.0,
             anchor: Anchor | None = None, reserve: int = 0) -> Reading:
     return Reading(ROUTE, capacity, 4096, estimate, 100, ratio, anchor, reserve)
 
