@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import UnionType
 from typing import Any, Protocol, Union, get_args, get_origin, get_type_hints
@@ -97,6 +98,20 @@ class Store(Protocol):
     # windows providers named in their overflow errors, by (provider alias, model)
     async def load_windows(self) -> dict[tuple[str, str], int]: ...
     async def save_window(self, provider: str, model: str, tokens: int) -> None: ...
+
+
+class Clock:
+    """UTC ISO-8601 timestamps, strictly increasing within a store so "newest first" is exact."""
+
+    def __init__(self) -> None:
+        self._last = datetime.fromtimestamp(0, UTC)
+
+    def now(self) -> str:
+        current = datetime.now(UTC)
+        if current <= self._last:
+            current = self._last + timedelta(microseconds=1)
+        self._last = current
+        return current.isoformat(timespec="microseconds")
 
 
 def open_store(data_dir: str | Path, url: str = "", pool_size: int = 10, timeout: float = 10.0) -> Store:

@@ -33,13 +33,13 @@ from server.migrations import PG_MESSAGE_TEXT, migrate_postgres
 from server.store import (
     CALL_FIELDS,
     CallRecord,
+    Clock,
     SessionSummary,
     StoredSession,
     call_to_data,
     message_from_data,
     message_to_data,
 )
-from server.store_sqlite import _Clock  # one clock for both stores' timestamps
 
 Conn = psycopg.AsyncConnection[Any]
 Row = tuple[Any, ...]
@@ -87,7 +87,7 @@ class PostgresStore:
                                          timeout=timeout, name="meterchat", configure=_configure,
                                          check=AsyncConnectionPool.check_connection)
         self._opened = False
-        self._clock = _Clock()
+        self._clock = Clock()
 
     @classmethod
     def open(cls, url: str, pool_size: int = 10, timeout: float = CONNECT_SECONDS) -> PostgresStore:

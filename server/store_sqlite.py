@@ -22,7 +22,6 @@ import re
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,6 +37,7 @@ from server.store import (
     MESSAGE_FLAGS,
     MESSAGE_LISTS,
     CallRecord,
+    Clock,
     SessionSummary,
     StoredSession,
     call_to_data,
@@ -86,20 +86,6 @@ def _message(row: Row) -> ChatMessage:
     return message_from_data(data)
 
 
-class _Clock:
-    """UTC ISO-8601 timestamps, strictly increasing within a store so "newest first" is exact."""
-
-    def __init__(self) -> None:
-        self._last = datetime.fromtimestamp(0, UTC)
-
-    def now(self) -> str:
-        current = datetime.now(UTC)
-        if current <= self._last:
-            current = self._last + timedelta(microseconds=1)
-        self._last = current
-        return current.isoformat(timespec="microseconds")
-
-
 class SqliteStore:
     """The ``server.store.Store`` contract on one SQLite file; build it with ``open_store``."""
 
@@ -107,7 +93,7 @@ class SqliteStore:
         self.path = path
         self._conn = connection
         self._lock = threading.Lock()
-        self._clock = _Clock()
+        self._clock = Clock()
 
     @classmethod
     def open(cls, data_dir: str | Path) -> SqliteStore:

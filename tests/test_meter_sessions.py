@@ -94,9 +94,11 @@ async def test_session_list_pages_newest_first(tmp_path):
         found = await listed(address, "?q=text%203")
         async with httpx.AsyncClient(base_url=f"http://{address}") as http:
             bad = await http.get("/api/sessions?limit=0")
+            huge = await http.get("/api/sessions", params={"q": "x" * 5000, "limit": "y" * 5000})
     assert [s["id"] for s in first + second + rest] == ["s4", "s3", "s2", "s1", "s0"]
     assert [s["id"] for s in found] == ["s3"]
     assert bad.status_code == 400 and "limit" in bad.json()["error"]["message"]
+    assert huge.status_code == 400 and len(huge.json()["error"]["message"]) < 300
 
 
 async def test_search_index_is_built_for_a_file_written_before_it(tmp_path):

@@ -270,9 +270,9 @@ async def test_store_reads_a_version_1_file_and_writes_the_same_rows(tmp_path: P
     session = await store.get_session("s")
     assert session is not None
     image, call = session.messages
-    assert (image.id, image.images, image.breadcrumb, image.is_hidden) == \
+    assert (image.id, image.images, image.breadcrumb, image.left_out is not None) == \
         ("m3", [Image("image/png", "aGVsbG8=")], False, True)
-    assert (call.tool_calls, call.breadcrumb, call.summary, call.interrupted, call.is_hidden) == \
+    assert (call.tool_calls, call.breadcrumb, call.summary, call.interrupted, call.left_out is not None) == \
         ([ToolCall("c1", "search", {"q": "x"})], True, True, True, True)
     await store.create_session("copy", title="t", route="r")
     await store.append_messages("copy", session.messages)
