@@ -19,7 +19,9 @@ for: the profile's ``context_window`` for its ``model``, or ``models[model]``. A
 never borrows the profile's window. Otherwise, with ``discover_window``, the provider's metadata is
 asked once per (alias, model) and a known answer cached; an unknown answer is cached for
 ``UNKNOWN_RETRY_SECONDS``, so an unreachable server is not asked on every turn but is asked again
-once it may have come up. ``capacity`` never raises.
+once it may have come up. A window a provider named in its own overflow error (``learn_window``)
+outranks both: the provider enforced it. It is kept through ``WindowMemory`` (the store) and read
+back once. ``capacity`` never raises.
 """
 
 from __future__ import annotations
@@ -208,9 +210,14 @@ class RouteResolver:
         return True
 
     async def _recall(self) -> None:
-        if not self._recalled and self._memory is not None:
-            self._recalled = True  # first, so two turns do not both read
+        if self._recalled or self._memory is None:
+            return
+        self._recalled = True  # first, so two turns do not both read
+        try:
             self._learned = {**await self._memory.load_windows(), **self._learned}
+        except Exception as exc:  # capacity never raises: a store that is down is asked again later
+            self._recalled = False
+            log.warning("windows learned from overflow errors could not be read: %s", exc)
 
     async def capacity(self, route: Route) -> Capacity:
         profile = self.settings.providers.get(route.provider)
