@@ -62,6 +62,8 @@ class ChatMessage:
     left_out: str | None = None
     interrupted: bool = False
     turn_id: str | None = None  # the user turn this message belongs to (set by the session)
+    created_at: str | None = None  # ISO-8601 UTC, stamped by the session when it joins the transcript
+    replaces: str | None = None  # on a user message: the turn it replaces (a retry, an edit)
     id: str = field(default_factory=_new_id)
     _text_tokens: int | None = field(default=None, repr=False)
 

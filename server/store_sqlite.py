@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -71,6 +71,19 @@ CREATE TABLE IF NOT EXISTS calls (
     input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, tokens_source TEXT NOT NULL,
     cost_usd REAL, created_at TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS calls_session ON calls (session_id, seq);
+"""
+
+# Added after version 1, and only added (columns nullable, a new table), so a file stays readable by
+# the version-1 code and this code reads a version-1 file; the PostgreSQL store will need the same
+# as a migration. A reload draws from these what the live page showed: when each message was written,
+# which turn a user message replaced, and the trim notices where they happened.
+_ADDED_COLUMNS = {"messages": ("created_at TEXT", "replaces TEXT")}
+_ADDED_TABLES = """
+CREATE TABLE IF NOT EXISTS trims (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    data TEXT NOT NULL, created_at TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS trims_session ON trims (session_id, seq);
 """
 
 _FIELDS = MESSAGE_FIELDS[1:]  # the columns after (session_id, id, position)
@@ -203,10 +216,12 @@ class SqliteStore:
             calls = [CallRecord(*row) for row in self._conn.execute(
                 f"SELECT {', '.join(CALL_FIELDS)} FROM calls WHERE session_id = ? ORDER BY seq",
                 (session_id,))]
+            trims = [{**json.loads(data), "created_at": at} for data, at in self._conn.execute(
+                "SELECT data, created_at FROM trims WHERE session_id = ? ORDER BY seq", (session_id,))]
         finally:
             self._conn.execute("COMMIT")
         session_id, title, route, created_at, updated_at = head
-        return StoredSession(session_id, title, route, created_at, updated_at, messages, calls)
+        return StoredSession(session_id, title, route, created_at, updated_at, messages, calls, trims)
 
     async def get_summary(self, session_id: str) -> SessionSummary | None:
         row = await self._call(self._query_one, _SUMMARY + " WHERE s.id = ?", (session_id,))
@@ -296,6 +311,15 @@ class SqliteStore:
             f"VALUES ({', '.join('?' * (len(CALL_FIELDS) + 1))})",
             [(session_id, *_call_row(call, now)) for call in calls])
 
+    async def record_trim(self, session_id: str, trim: Mapping[str, Any]) -> None:
+        """Keep a ``history_trimmed`` event (its fields) so a reload shows the notice again."""
+        await self._call(self._write, self._put_trim, session_id, _json(dict(trim)))
+
+    def _put_trim(self, session_id: str, data: str) -> None:
+        now = self._touch(session_id)
+        self._conn.execute("INSERT INTO trims (session_id, data, created_at) VALUES (?, ?, ?)",
+                           (session_id, data, now))
+
     async def import_session(self, session: StoredSession) -> None:
         """Write a whole session (from an export) at once; its id must be new."""
         rows = [_row(message) for message in session.messages]
@@ -318,9 +342,20 @@ def _prepare(connection: sqlite3.Connection, path: Path) -> None:
     connection.execute("PRAGMA synchronous = NORMAL")
     connection.execute("PRAGMA foreign_keys = ON")
     connection.executescript(_SCHEMA)
+    _add_after_version_1(connection)
     row = connection.execute("SELECT MAX(version) FROM schema_version").fetchone()
     if row[0] is None:
         connection.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
     elif row[0] > SCHEMA_VERSION:
         raise ConfigError(f"{path.name}: written by a newer meterchat (schema {row[0]}, "
                           f"this one reads up to {SCHEMA_VERSION})")
+
+
+def _add_after_version_1(connection: sqlite3.Connection) -> None:
+    """The additions since version 1, each made once (SQLite has no ADD COLUMN IF NOT EXISTS)."""
+    for table, columns in _ADDED_COLUMNS.items():
+        present = {row[1] for row in connection.execute(f"PRAGMA table_info({table})")}
+        for column in columns:
+            if column.split()[0] not in present:
+                connection.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+    connection.executescript(_ADDED_TABLES)

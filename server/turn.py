@@ -37,7 +37,7 @@ from server.providers.base import (
 from server.reply import ReplyWriter, Step
 from server.routing import Route
 from server.runtime import Runtime
-from server.session import Session
+from server.session import Session, utc_now
 from server.store import CallRecord
 from server.tools import run_tool
 
@@ -78,6 +78,7 @@ class Turn:
         self.totals = Totals()
         self.writer = ReplyWriter(turn_id, rt.settings.server.store_flush_ms / 1000)
         self.final_text = ""
+        self.final_at: str | None = None  # when the final reply began: the page's hover time
 
     # --- frames -------------------------------------------------------------------------------
 
@@ -215,9 +216,10 @@ class Turn:
             calibration.observe(self.route, reading.estimate, usage.input_tokens)
         cost = self.rt.resolver.cost(self.route, usage.input_tokens, usage.output_tokens)
         self.add_to_totals(usage, cost)
-        await self.rt.store.record_call(self.session.id, CallRecord(
-            self.turn_id, self.route.provider, self.route.model, self.route.kind, usage.input_tokens,
-            usage.output_tokens, "provider", cost))
+        call = CallRecord(self.turn_id, self.route.provider, self.route.model, self.route.kind,
+                          usage.input_tokens, usage.output_tokens, "provider", cost)
+        self.session.calls.append(call)  # a reload shows the turn's route, usage and cost from these
+        await self.rt.store.record_call(self.session.id, call)
         await self.emit_meter("usage", reading, reported=usage.input_tokens)
 
     def add_to_totals(self, usage: Usage, cost: float | None) -> None:
@@ -246,6 +248,7 @@ class Turn:
             return
         await self.rt.store.save_messages(self.session.id, [message])
         self.final_text = "" if message.tool_calls else message.content
+        self.final_at = message.created_at
 
     async def run_tools(self, calls: list[ToolCall]) -> None:
         await self.finish_reply(interrupted=False, tool_calls=calls)  # a reply asking for tools is complete
@@ -267,4 +270,5 @@ class Turn:
         self.emit("done", turn_id=self.turn_id, full_response=self.final_text, input_tokens=t.input_tokens,
                   output_tokens=t.output_tokens, last_input_tokens=t.last_input_tokens,
                   provider=self.route.provider, model=self.route.model, max_context_tokens=budget,
-                  model_context_window=capacity.window, cost_usd=t.cost_usd)
+                  model_context_window=capacity.window, cost_usd=t.cost_usd,
+                  created_at=self.final_at or utc_now())
