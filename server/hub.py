@@ -26,8 +26,8 @@ from server.protocol import EDIT_PREVIEW, ImagePayload, server_frame
 from server.routing import Route
 from server.runtime import Runtime
 from server.session import Session, TurnHandle, utc_now
-from server.turn import Turn
 from server.store import StoredSession
+from server.turn import Turn
 from server.versions import Replaces
 from server.views import history_frame, image_urls, session_frame
 

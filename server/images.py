@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-
 from collections.abc import Iterable
 
 from starlette.responses import Response

@@ -55,7 +55,8 @@ class Replaces:
         else:
             raise BadFrame(f"message.retry_of: no turn {self.turn_id!r} still sent in this session")
         if turns:
-            session.emit(server_frame("turns_set_aside", turn_ids=turns, reason=EDITED if self.edit else RETRIED))
+            reason = EDITED if self.edit else RETRIED
+            session.emit(server_frame("turns_set_aside", turn_ids=turns, reason=reason))
         return turns
 
     def echo(self) -> dict[str, str]:

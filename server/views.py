@@ -96,7 +96,7 @@ def transcript_views(session: Session) -> list[dict[str, Any]]:
     for message in messages:
         view = message_view(message, session.id)
         if message is streaming:
-            view.update(streaming=True, interrupted=False)
+            view["streaming"] = True  # still being written: "interrupted" until it ends, as stored
         if message.role == "assistant" and message.turn_id in usage:
             route, summed = usage[message.turn_id]
             view["route"] = route
@@ -116,6 +116,6 @@ def session_frame(session: Session, *, resumed: bool, seq: int, routes: list[str
 
 def history_frame(session: Session) -> Frame:
     running = session.turn.turn_id if session.turn is not None else None
-    frame = server_frame("history", messages=transcript_views(session), trims=list(session.trims),
+    frame = server_frame("history", messages=transcript_views(session), trims=list(session.trims) or None,
                          turn_in_flight=running)
     return {**frame, "seq": session.seq}

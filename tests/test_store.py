@@ -247,7 +247,8 @@ async def test_store_reads_a_version_1_file_and_writes_the_same_rows(tmp_path: P
     with sqlite3.connect(tmp_path / FILE_NAME) as raw:
         rows = raw.execute("SELECT * FROM messages WHERE session_id = 'copy' ORDER BY position").fetchall()
     # The columns added since version 1 (created_at, replaces) follow, empty on a version-1 message.
-    assert [row[1:2] + row[3:] for row in rows] == [row[1:2] + row[3:] + (None, None) for row in VERSION_1_ROWS]
+    added = (None, None)
+    assert [row[1:2] + row[3:] for row in rows] == [row[1:2] + row[3:] + added for row in VERSION_1_ROWS]
 
 
 async def test_store_refuses_a_newer_schema(tmp_path: Path) -> None:
