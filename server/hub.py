@@ -224,9 +224,9 @@ class SessionHub:
     async def _accept(self, session: Session, message_id: str, content: str, images: list[Image],
                       turn_id: str, replaces: Replaces | None) -> tuple[Route, str]:
         """Store the user's message (durable before any provider call) and announce it."""
-        if replaces is not None:
-            await replaces.set_aside(session)
         route, text = self.rt.resolver.for_message(session.route, content)
+        if replaces is not None:
+            await replaces.set_aside(session, text)
         user = ChatMessage("user", text, images=images or None, turn_id=turn_id, id=message_id,
                            created_at=utc_now(), replaces=replaces.turn_id if replaces else None)
         await self.rt.store.append_messages(session.id, [user])

@@ -15,8 +15,20 @@ from server.errors import BadFrame
 from server.protocol import server_frame
 from server.session import Session
 
-RETRIED = "replaced by a retry"
-EDITED = "replaced by an edit"
+RETRIED = "replaced by a retry"  # the same question again after a failed or stopped reply
+REGENERATED = "replaced by a regenerated reply"  # the same question again after a complete reply
+EDITED = "replaced by an edit"  # another text in its place
+
+
+def retry_reason(session: Session, turn_id: str, text: str) -> str:
+    """Why a ``retry_of`` replaced its turn, read off the turn, so every tab and a reload say what
+    the tab that sent it said."""
+    turn = [m for m in session.transcript if m.turn_id == turn_id]
+    asked = next((m.content for m in turn if m.role == "user"), text)
+    if asked != text:
+        return EDITED
+    replies = [m for m in turn if m.role == "assistant"]
+    return REGENERATED if replies and not replies[-1].interrupted else RETRIED
 
 
 def checked_turn_id(name: str, value: object) -> str:
@@ -46,16 +58,17 @@ class Replaces:
             return cls(checked_turn_id("message.retry_of", retry_of), edit=False)
         return None
 
-    async def set_aside(self, session: Session) -> list[str]:
-        """Set the replaced turns aside and tell every tab; the turns that left the context."""
+    async def set_aside(self, session: Session, text: str) -> list[str]:
+        """Set the replaced turns aside and tell every tab; the turns that left the context.
+        ``text`` is the replacing message's (a retry with another text is an edit)."""
+        reason = EDITED if self.edit else retry_reason(session, self.turn_id, text)
         if self.edit:
-            turns = await session.set_aside_from(self.turn_id, EDITED)
-        elif await session.set_aside(self.turn_id, RETRIED):
+            turns = await session.set_aside_from(self.turn_id, reason)
+        elif await session.set_aside(self.turn_id, reason):
             turns = [self.turn_id]
         else:
             raise BadFrame(f"message.retry_of: no turn {self.turn_id!r} still sent in this session")
         if turns:
-            reason = EDITED if self.edit else RETRIED
             session.emit(server_frame("turns_set_aside", turn_ids=turns, reason=reason))
         return turns
 

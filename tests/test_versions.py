@@ -42,12 +42,12 @@ async def test_retry_of_is_echoed_and_every_tab_learns_the_set_aside(tmp_path):
             await a.hello()
             turn = turn_of(await a.say("echo one"))
             await b.hello(a.session_id)
-            frames = await a.say("echo one again", retry_of=turn)
+            frames = await a.say("echo one", retry_of=turn)  # a regenerate: the same text
             seen = await b.until("done")
     assert of_type(frames, "accepted")[0]["retry_of"] == turn
     for got in (frames, seen):
         aside = of_type(got, "turns_set_aside")
-        assert [(f["turn_ids"], f["reason"]) for f in aside] == [([turn], "replaced by a retry")]
+        assert [(f["turn_ids"], f["reason"]) for f in aside] == [([turn], "replaced by a regenerated reply")]
         assert aside[0]["seq"] < of_type(got, "accepted")[0]["seq"]
 
 
@@ -62,7 +62,8 @@ async def test_replaces_survives_a_restart(tmp_path):
     with serve(settings) as address:  # a restarted server: the store alone remembers
         async with client(address) as c:
             history = (await c.hello(session_id))[1]
-    assert users(history) == [(turn, None, "replaced by a retry"), (again, turn, None)]
+    # another text in the replaced turn's place: an edit of the last message
+    assert users(history) == [(turn, None, "replaced by an edit"), (again, turn, None)]
 
 
 async def test_edit_of_sets_aside_that_turn_and_every_later_one(tmp_path):
