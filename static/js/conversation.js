@@ -2,6 +2,7 @@
 // bind(event, handler) and render(change, item). Nodes carry data-* attributes written from the
 // items for the CSS and the browser tests; nothing here reads them back.
 
+import { imageSource } from "./api.js";
 import { el, fmt } from "./dom.js";
 import { flushRenders, renderNow, scheduleRender } from "./markdown.js";
 
@@ -154,7 +155,8 @@ export class ConversationView {
     bar.append(copy);
     const act = (testid, text, handler) =>
       el("button", { type: "button", class: "act only-last", "data-testid": testid, text, onclick: () => this.handlers[handler]?.(entry) });
-    if (entry.kind === "user") bar.append(act("edit-message", "Edit", "edit"));
+    // Any sent message can be edited: the turns after it leave the context (the meter previews it).
+    if (entry.kind === "user") bar.append(el("button", { type: "button", class: "act edit-any", "data-testid": "edit-message", text: "Edit", onclick: () => this.handlers.edit?.(entry) }));
     if (entry.kind === "assistant") bar.append(act("regenerate", "Regenerate", "regenerate"));
     if (entry.time) {
       const when = new Date(entry.time);
@@ -163,8 +165,7 @@ export class ConversationView {
     return bar;
   }
 
-  // Edit and Regenerate are offered on the last user message and the last reply only: the
-  // protocol's `retry_of` replaces one turn, the last.
+  // Regenerate is offered on the last reply only: `retry_of` replaces one turn, the last.
   markLast({ user, reply }) {
     this.swapLast("lastUserKey", user);
     this.swapLast("lastReplyKey", reply);
@@ -215,6 +216,8 @@ const BUILDERS = {
     const node = el("article", { class: "msg user" }, el("div", { class: "msg-body plain", text: e.text }));
     if (e.dataUrls && e.dataUrls.length) {
       node.append(el("div", { class: "thumbs" }, ...e.dataUrls.map((src) => el("img", { src, alt: "attached image" }))));
+    } else if (e.imageUrls && e.imageUrls.length) {
+      node.append(el("div", { class: "thumbs" }, ...e.imageUrls.map((url) => storedImage(url))));
     } else if (e.imageCount) node.append(el("div", { class: "msg-meta", text: `${e.imageCount} image${e.imageCount === 1 ? "" : "s"} attached` }));
     return node;
   },
@@ -268,6 +271,16 @@ function toolCallNode(call, openTools) {
   if (call.output !== undefined) node.append(toolOutput(call.output));
   node.addEventListener("toggle", () => (node.open ? openTools.add(call.id) : openTools.delete(call.id)));
   return node;
+}
+
+// An image from the store: fetched with the token (an <img src> cannot send it), shown from a blob.
+function storedImage(url) {
+  const img = el("img", { alt: "attached image", "data-testid": "stored-image" });
+  imageSource(url).then(
+    (src) => (img.src = src),
+    () => img.replaceWith(el("span", { class: "msg-meta", text: "image unavailable" })),
+  );
+  return img;
 }
 
 function toolOutput(output) {
