@@ -76,8 +76,8 @@ CREATE INDEX IF NOT EXISTS calls_session ON calls (session_id, seq);
 # Added after version 1, and only added (columns nullable, a new table), so a file stays readable by
 # the version-1 code and this code reads a version-1 file; the PostgreSQL store will need the same
 # as a migration. A reload draws from these what the live page showed: when each message was written,
-# which turn a user message replaced, and the trim notices where they happened.
-_ADDED_COLUMNS = {"messages": ("created_at TEXT", "replaces TEXT")}
+# which turn a user message replaced, a reply's reasoning, and the trim notices where they happened.
+_ADDED_COLUMNS = {"messages": ("created_at TEXT", "replaces TEXT", "thinking TEXT")}
 _ADDED_TABLES = """
 CREATE TABLE IF NOT EXISTS trims (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,

@@ -197,6 +197,7 @@ class Turn:
                 await self.rt.store.save_messages(self.session.id, [self.writer.flush()])
         elif isinstance(event, ThinkingDelta):
             self.emit("thinking", turn_id=self.turn_id, content=event.text)
+            self.writer.think(event.text)
         elif isinstance(event, ToolCallEvent):
             result.tool_calls.append(ToolCall(event.id, event.name, event.arguments))
         elif isinstance(event, Usage):

@@ -53,7 +53,8 @@ def message_view(message: ChatMessage, session_id: str = "") -> dict[str, Any]:
         "interrupted": message.interrupted, "summary": message.summary, "breadcrumb": message.breadcrumb,
     }
     optional = {"turn_id": message.turn_id, "excluded": excluded, "tool_call_id": message.tool_call_id,
-                "name": message.name, "created_at": message.created_at, "replaces": message.replaces}
+                "name": message.name, "created_at": message.created_at, "replaces": message.replaces,
+                "thinking": message.thinking}
     view.update({k: v for k, v in optional.items() if v})
     if message.tool_calls:
         view["tool_calls"] = [{"id": c.id, "name": c.name, "args": c.arguments} for c in message.tool_calls]

@@ -93,6 +93,8 @@ async def test_replies_carry_their_route_and_the_turn_usage_and_cost(tmp_path):
         assert reply["created_at"] == done["created_at"]
     assert replies[0]["usage"]["calls"] == 1 and replies[-1]["usage"]["calls"] == 2
     assert "usage" not in replies[1]  # the reply that asked for the tool: its turn goes on
+    thinking = "".join(f["content"] for f in of_type(tools, "thinking"))
+    assert thinking and "".join(m.get("thinking", "") for m in replies[1:]) == thinking
     call = replies[1]["tool_calls"][0]
     result = next(m for m in history["messages"] if m.get("tool_call_id") == call["id"])
     assert result["content"] == of_type(tools, "tool_result")[0]["output"]

@@ -246,8 +246,9 @@ async def test_store_reads_a_version_1_file_and_writes_the_same_rows(tmp_path: P
     await store.close()
     with sqlite3.connect(tmp_path / FILE_NAME) as raw:
         rows = raw.execute("SELECT * FROM messages WHERE session_id = 'copy' ORDER BY position").fetchall()
-    # The columns added since version 1 (created_at, replaces) follow, empty on a version-1 message.
-    added = (None, None)
+    # The columns added since version 1 (created_at, replaces, thinking) follow, empty on a
+    # version-1 message.
+    added = (None, None, None)
     assert [row[1:2] + row[3:] for row in rows] == [row[1:2] + row[3:] + added for row in VERSION_1_ROWS]
 
 

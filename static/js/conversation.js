@@ -70,6 +70,7 @@ export class ConversationView {
     if (!node) return;
     this.decorate(node, entry);
     if (entry.kind === "assistant") this.fillReply(node, entry);
+    fillTime(this.nodes.get(entry.key), entry.time);
     this.queuePin();
   }
 
@@ -84,6 +85,7 @@ export class ConversationView {
     const placed = entry.kind === "user" || entry.kind === "assistant" ? el("div", { class: `msg-row ${entry.kind}` }, node, this.actions(entry)) : node;
     this.nodes.set(entry.key, placed);
     placed.hidden = Boolean(entry.versionHidden);
+    fillTime(placed, entry.time);
     return placed;
   }
 
@@ -158,10 +160,7 @@ export class ConversationView {
     // Any sent message can be edited: the turns after it leave the context (the meter previews it).
     if (entry.kind === "user") bar.append(el("button", { type: "button", class: "act edit-any", "data-testid": "edit-message", text: "Edit", onclick: () => this.handlers.edit?.(entry) }));
     if (entry.kind === "assistant") bar.append(act("regenerate", "Regenerate", "regenerate"));
-    if (entry.time) {
-      const when = new Date(entry.time);
-      bar.append(el("time", { class: "msg-time", "data-testid": "message-time", datetime: when.toISOString(), title: when.toLocaleString(), text: clock(when) }));
-    }
+    bar.append(el("time", { class: "msg-time", "data-testid": "message-time" }));
     return bar;
   }
 
@@ -295,6 +294,21 @@ function setData(dataset, name, value) {
 
 function capital(text) {
   return text.charAt(0).toUpperCase() + text.slice(1);
+}
+
+// The hover time: the server's created_at once it is known (accepted, done, history), so a reload
+// shows the same time the live page did.
+function fillTime(placed, time) {
+  const node = placed && placed.querySelector(":scope > .msg-actions > .msg-time");
+  if (!node) return;
+  node.hidden = !time;
+  if (!time) return;
+  const when = new Date(time);
+  const stamp = when.toISOString();
+  if (node.getAttribute("datetime") === stamp) return;
+  node.setAttribute("datetime", stamp);
+  node.title = when.toLocaleString();
+  node.textContent = clock(when);
 }
 
 function clock(date) {

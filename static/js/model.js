@@ -119,10 +119,10 @@ export class Transcript {
     if (reply) {
       // The live reply's text ends as the turn's final text (done's full_response).
       if (m.content) fields.text = m.content;
-      Object.assign(reply, fields, { tools: [...reply.tools, ...calls] });
+      Object.assign(reply, fields, { tools: [...reply.tools, ...calls], thinking: reply.thinking + (m.thinking || ""), time: base.time });
       return [];
     }
-    const entry = item("assistant", { ...base, role: "assistant", tools: calls, thinking: "", route: "", ...fields });
+    const entry = item("assistant", { ...base, role: "assistant", tools: calls, thinking: m.thinking || "", route: "", ...fields });
     if (m.turn_id) this.replies.set(m.turn_id, entry);
     return [entry];
   }
@@ -163,7 +163,7 @@ export class Transcript {
     const found = this.items.find((i) => i.kind === "user" && i.clientId === f.id);
     const time = f.created_at ? Date.parse(f.created_at) : Date.now();
     const entry = found || this.add(item("user", { role: "user", clientId: f.id, messageId: f.id, text: f.content, imageCount: f.images || 0, imageUrls: f.image_urls || null, time }));
-    this.update(entry, { state: "sent", turnId: f.turn_id });
+    this.update(entry, { state: "sent", turnId: f.turn_id, time });
     this.pendingTurn = f.turn_id;
     // Another tab's edit or regenerate is a version too: the server echoes what it replaced.
     const replaced = this.replacing.get(f.id) || f.retry_of || f.edit_of;
@@ -217,7 +217,8 @@ export class Transcript {
   done(f) {
     const entry = this.reply(f.turn_id);
     const route = f.model ? `${f.provider}/${f.model}` : f.provider;
-    this.update(entry, { text: f.full_response ?? entry.text, state: "done", route, foot: footText(f), doneAt: Date.now() });
+    const time = f.created_at ? Date.parse(f.created_at) : entry.time; // the server's clock, as a reload shows it
+    this.update(entry, { text: f.full_response ?? entry.text, state: "done", route, foot: footText(f), doneAt: Date.now(), time });
     this.finishTurn(f.turn_id);
     this.emit("finished", entry);
   }
