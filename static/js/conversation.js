@@ -115,7 +115,11 @@ export class ConversationView {
     this.fillVersions(node.querySelector(".versions"), entry);
     node.querySelector(".msg-foot").textContent = entry.foot || "";
     const body = node.querySelector(".msg-body");
-    if (this.rendered.get(entry.key) === entry.text) return;
+    if (this.rendered.get(entry.key) === entry.text) {
+      // A reply that ends (done, stopped) with the text it had shows it now, not a frame later.
+      if (entry.state !== "streaming") flushRenders();
+      return;
+    }
     this.rendered.set(entry.key, entry.text);
     // While a reply streams, renders are batched to one per animation frame; once it ends, now.
     if (entry.state === "streaming") scheduleRender(body, () => entry.text);

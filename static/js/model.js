@@ -336,14 +336,19 @@ export class Transcript {
     return Math.max(0, this.turnsFrom(turnId).length - 1);
   }
 
-  setAside(turnId, why) {
-    // A replaced turn stays on the page, greyed: the server no longer sends it to the model.
-    for (const entry of this.items) if (entry.turnId === turnId) this.update(entry, { excluded: why });
+  // A replaced turn stays on the page, greyed: the server no longer sends it to the model. As on
+  // the server, what a trim or an earlier set-aside already left out keeps its mark; the server's
+  // own word (`turns_set_aside`) replaces this tab's guess.
+  setAside(turnId, why, fromServer = false) {
+    for (const entry of this.items) {
+      if (entry.turnId !== turnId || entry.trimmed || (entry.excluded && !(fromServer && entry.guessed))) continue;
+      this.update(entry, { excluded: why, guessed: !fromServer });
+    }
   }
 
   // The server's word on which turns left the context (this tab's edit, or another tab's).
   turnsSetAside(f) {
-    for (const turnId of f.turn_ids || []) this.setAside(turnId, f.reason);
+    for (const turnId of f.turn_ids || []) this.setAside(turnId, f.reason, true);
   }
 }
 
