@@ -41,7 +41,8 @@ def png(width: int, height: int) -> bytes:
 
     rows = b"".join(b"\x00" + b"\x80" * width for _ in range(height))
     header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+    body = chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + body
 
 
 # Every row of the conversation as the reader sees it, in order (hidden versions included).
@@ -64,7 +65,8 @@ READ_PAGE = """() => [...document.querySelector('[data-testid="conversation"]').
     time: time && !time.hidden ? time.getAttribute("datetime") : null,
   };
 })"""
-IMAGES_LOADED = "() => [...document.querySelectorAll('.thumbs img')].every((i) => i.complete && i.naturalWidth > 0)"
+IMAGES_LOADED = ("() => [...document.querySelectorAll('.thumbs img')]"
+                 ".every((i) => i.complete && i.naturalWidth > 0)")
 SHOTS = os.environ.get("METERCHAT_SHOTS")  # a folder: the test leaves its screenshots there to look at
 
 
@@ -234,10 +236,33 @@ def test_a_wrong_token_is_closed_with_4401_and_asked_again(browser: Browser, tmp
         page.add_init_script("""window.__closes = [];
             const Native = window.WebSocket;
             window.WebSocket = class extends Native {
-              constructor(...a) { super(...a); this.addEventListener("close", (e) => window.__closes.push(e.code)); }
+              constructor(...a) {
+                super(...a);
+                this.addEventListener("close", (e) => window.__closes.push(e.code));
+              }
             };""")
         page.goto("/?token=sesame-wrong")
         expect(page.get_by_test_id("token-form")).to_be_visible()
         expect(page.get_by_test_id("token-error")).to_have_text("That token was not accepted. Try again.")
         assert page.evaluate("() => window.__closes") == [4401]
         assert sent(page, "hello") == []  # closed before a frame could be read
+
+
+def test_another_tab_shows_the_versions_and_the_set_aside_turns(browser: Browser, tmp_path: Path) -> None:
+    with running_server(config(tmp_path)) as base, opened_page(browser, base) as page, \
+            opened_page(browser, base) as other:
+        open_new_chat(page)
+        send_and_wait(page, "echo alpha")
+        send_and_wait(page, "echo beta")
+        other.goto(page.url)
+        expect(other.locator(DONE)).to_have_count(2)
+        regenerate(page)
+        expect(other.locator(DONE)).to_have_count(3)
+        expect(other.get_by_test_id("version-label")).to_have_text(["1 / 2", "2 / 2"])  # the first hidden
+        beta_turn = page.locator('[data-role="user"]').nth(1).get_attribute("data-turn-id")
+        old = other.locator(f'[data-role="assistant"][data-turn-id="{beta_turn}"]')
+        expect(old).to_have_attribute("data-excluded", "replaced by a regenerated reply")
+        expect(old).to_be_hidden()
+        edit_first(page)
+        expect(other.locator('[data-role="user"][data-excluded="replaced by an edit"]')).to_have_count(2)
+        assert read_page(other) == read_page(page)
