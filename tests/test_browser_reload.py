@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
+from playwright.sync_api import Browser, FilePayload, Page, Playwright, expect, sync_playwright
 
 from tests.browser_support import (
     ASSISTANT,
@@ -132,8 +132,8 @@ def reloads_the_same(page: Page, event: str) -> list[dict[str, Any]]:
 
 
 def attach_and_send(page: Page, text: str) -> None:
-    page.get_by_test_id("attach-input").set_input_files(
-        files=[{"name": "two.png", "mimeType": "image/png", "buffer": png(2, 1)}])
+    picture: FilePayload = {"name": "two.png", "mimeType": "image/png", "buffer": png(2, 1)}
+    page.get_by_test_id("attach-input").set_input_files(files=[picture])
     expect(page.get_by_test_id("attachments").locator("img")).to_have_count(1)
     send_and_wait(page, text)
 
@@ -215,9 +215,10 @@ def test_edit_of_an_earlier_message_previews_the_drop_on_the_meter(browser: Brow
         expect(page.get_by_test_id("edit-note")).to_contain_text("the turn after it")
         page.wait_for_function("() => window.__spy.received.some((f) => f.reason === 'edit_preview')")
         preview = received(page, "context")[-1]
-        assert preview["reason"] == "edit_preview"
-        expect(used).to_have_text(f"{preview['estimated_tokens']:,}")
-        assert preview["estimated_tokens"] < int(full.replace(",", "").lstrip("~"))
+        tokens = preview["estimated_tokens"]
+        assert preview["reason"] == "edit_preview" and isinstance(tokens, int)
+        expect(used).to_have_text(f"{tokens:,}")
+        assert tokens < int(full.replace(",", "").lstrip("~"))
         shoot(page, "edit-preview")
         page.get_by_test_id("edit-cancel").click()
         expect(used).to_have_text(full)  # cancelled: the meter reads the whole history again
