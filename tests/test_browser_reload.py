@@ -7,6 +7,7 @@ token is closed with 4401 and asked again."""
 from __future__ import annotations
 
 import os
+import re
 import struct
 import zlib
 from collections.abc import Callable, Iterator
@@ -217,7 +218,7 @@ def test_edit_of_an_earlier_message_previews_the_drop_on_the_meter(browser: Brow
         preview = received(page, "context")[-1]
         tokens = preview["estimated_tokens"]
         assert preview["reason"] == "edit_preview" and isinstance(tokens, int)
-        expect(used).to_have_text(f"{tokens:,}")
+        expect(used).to_have_text(re.compile(rf"^~?{tokens:,}$"))
         assert tokens < int(full.replace(",", "").lstrip("~"))
         shoot(page, "edit-preview")
         page.get_by_test_id("edit-cancel").click()
@@ -245,8 +246,7 @@ def test_a_wrong_token_is_closed_with_4401_and_asked_again(browser: Browser, tmp
         page.goto("/?token=sesame-wrong")
         expect(page.get_by_test_id("token-form")).to_be_visible()
         expect(page.get_by_test_id("token-error")).to_have_text("That token was not accepted. Try again.")
-        assert page.evaluate("() => window.__closes") == [4401]
-        assert sent(page, "hello") == []  # closed before a frame could be read
+        assert page.evaluate("() => window.__closes") == [4401]  # accepted, then closed: the page can tell
 
 
 def test_another_tab_shows_the_versions_and_the_set_aside_turns(browser: Browser, tmp_path: Path) -> None:
