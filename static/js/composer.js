@@ -85,7 +85,8 @@ export class Composer {
     this.input.value = text;
     this.setEditing(turnId);
     const after = later ? ` and the ${later === 1 ? "turn" : `${later} turns`} after it` : " and its reply";
-    this.note.firstChild.textContent = `Editing ${later ? "an earlier" : "your last"} message: sending replaces it${after}. `;
+    // The meter shows the edit's preview meanwhile (app.js asks for it): say so, or it looks like a drop.
+    this.note.firstChild.textContent = `Editing ${later ? "an earlier" : "your last"} message: sending replaces it${after}; the meter shows what would remain. `;
     this.autosize();
     this.input.focus();
     this.input.setSelectionRange(text.length, text.length);
