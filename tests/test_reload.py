@@ -163,3 +163,18 @@ async def test_the_page_gets_the_subprotocol_and_image_limit(tmp_path):
             page = (await http.get("/")).text
     blob = page.split('id="page-config">', 1)[1].split("</script>", 1)[0]
     assert json.loads(blob) == {"subprotocol": "meterchat.v1", "max_image_bytes": 12345}
+
+
+async def test_an_image_is_served_from_the_store_after_a_restart(tmp_path):
+    settings = settings_for(tmp_path)
+    with serve(settings) as address:
+        async with client(address) as c:
+            await c.hello()
+            image = {"media_type": "image/webp", "data": PNG}
+            await c.send("message", id="pic", content="echo look", images=[image])
+            url = of_type(await c.until("done"), "accepted")[0]["image_urls"][0]
+    with serve(settings) as address:  # nobody opened the session: the store answers
+        async with httpx.AsyncClient(base_url=f"http://{address}") as http:
+            got = await http.get(url)
+    assert got.status_code == 200 and got.content == base64.b64decode(PNG)
+    assert got.headers["content-type"] == "image/webp"
