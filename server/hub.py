@@ -22,7 +22,7 @@ from server.compaction_runner import compaction_for
 from server.errors import BadFrame, Busy, UnknownRoute, UnknownSession, error_frame
 from server.history import ChatMessage, Image
 from server.images import decode_images
-from server.protocol import EDIT_PREVIEW, ImagePayload, server_frame
+from server.protocol import EDIT_PREVIEW, ImagePayload, echo, server_frame
 from server.routing import Route
 from server.runtime import Runtime
 from server.session import Session, TurnHandle, utc_now
@@ -122,7 +122,7 @@ class SessionHub:
             return session.transcript
         stored = await self.rt.store.get_session(session_id)
         if stored is None:
-            raise UnknownSession(f"no session {session_id!r}")
+            raise UnknownSession(f"no session {echo(session_id)}")
         return stored.messages
 
     # --- clients joining and leaving ----------------------------------------------------------
@@ -243,7 +243,7 @@ class SessionHub:
         that turn's message), for the asking client only: nothing changes."""
         turns = session.turns_from(Replaces.checked("preview_edit.turn_id", turn_id))
         if not turns:
-            raise BadFrame(f"preview_edit.turn_id: no turn {turn_id!r} in this session")
+            raise BadFrame(f"preview_edit.turn_id: no turn {echo(turn_id)} in this session")
         meter = self.rt.meter
         reading = await meter.read(session.route, session.estimate_without(turns), meter.tools(session.route))
         frame = meter.frame(reading, session.ledger, EDIT_PREVIEW)

@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from server.errors import ImageRejected, UnknownSession
 from server.history import ChatMessage, Image
-from server.protocol import ImagePayload
+from server.protocol import ImagePayload, echo
 
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 
@@ -44,7 +44,7 @@ def find_image(messages: Iterable[ChatMessage], message_id: str, index: int) -> 
     for message in messages:
         if message.id == message_id and message.images and 0 <= index < len(message.images):
             return message.images[index]
-    raise UnknownSession(f"no image {index} on message {message_id!r} in this session")
+    raise UnknownSession(f"no image {index} on message {echo(message_id)} in this session")
 
 
 def image_response(image: Image) -> Response:

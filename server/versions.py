@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from server.errors import BadFrame
-from server.protocol import server_frame
+from server.protocol import ID_CHARS, echo, server_frame
 from server.session import Session
 
 RETRIED = "replaced by a retry"  # the same question again after a failed or stopped reply
@@ -32,8 +32,8 @@ def retry_reason(session: Session, turn_id: str, text: str) -> str:
 
 
 def checked_turn_id(name: str, value: object) -> str:
-    if not isinstance(value, str) or not value:
-        raise BadFrame(f"{name}: expected a turn_id string")
+    if not isinstance(value, str) or not 0 < len(value) <= ID_CHARS:
+        raise BadFrame(f"{name}: expected a turn_id string, got {echo(value)}")
     return value
 
 
@@ -52,7 +52,7 @@ class Replaces:
         if edit_of is not None:
             turn_id = checked_turn_id("message.edit_of", edit_of)
             if not session.turns_from(turn_id):
-                raise BadFrame(f"message.edit_of: no turn {turn_id!r} in this session")
+                raise BadFrame(f"message.edit_of: no turn {echo(turn_id)} in this session")
             return cls(turn_id, edit=True)
         if retry_of is not None:
             return cls(checked_turn_id("message.retry_of", retry_of), edit=False)
@@ -67,7 +67,7 @@ class Replaces:
         elif await session.set_aside(self.turn_id, reason):
             turns = [self.turn_id]
         else:
-            raise BadFrame(f"message.retry_of: no turn {self.turn_id!r} still sent in this session")
+            raise BadFrame(f"message.retry_of: no turn {echo(self.turn_id)} still sent in this session")
         if turns:
             session.emit(server_frame("turns_set_aside", turn_ids=turns, reason=reason))
         return turns
