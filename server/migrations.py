@@ -82,6 +82,29 @@ CREATE TABLE IF NOT EXISTS calls (
 CREATE INDEX IF NOT EXISTS calls_session ON calls (session_id, seq);
 """
 
+# Version 2: what a reload needs to draw what the live page showed (issue 10): when each message was
+# written, which turn a user message replaced, a reply's reasoning, and the trims with where they
+# happened. SQLite has no ADD COLUMN IF NOT EXISTS: these run once, recorded like every step (no
+# released file holds the columns without the record). PostgreSQL keeps a message as one JSON
+# document, so only the trims table is new there.
+_SQLITE_2 = """
+ALTER TABLE messages ADD COLUMN created_at TEXT;
+ALTER TABLE messages ADD COLUMN replaces TEXT;
+ALTER TABLE messages ADD COLUMN thinking TEXT;
+CREATE TABLE IF NOT EXISTS trims (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    data TEXT NOT NULL, created_at TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS trims_session ON trims (session_id, seq);
+"""
+_POSTGRES_2 = """
+CREATE TABLE IF NOT EXISTS trims (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    data JSON NOT NULL, created_at TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS trims_session ON trims (session_id, seq);
+"""
+
 # Windows a provider named in its own context-overflow error, by (provider alias, model).
 _WINDOWS = """
 CREATE TABLE IF NOT EXISTS route_windows (
@@ -92,7 +115,7 @@ CREATE TABLE IF NOT EXISTS route_windows (
 # The session search: SQLite keeps an FTS5 index of message text, filled from the messages already
 # stored and kept by triggers; PostgreSQL a GIN index of the text's tsvector (the 'simple' config:
 # no stemming, so both backends match a word or its prefix alike).
-_SQLITE_3 = """
+_SQLITE_4 = """
 CREATE VIRTUAL TABLE IF NOT EXISTS message_text USING fts5(content, session_id UNINDEXED);
 INSERT INTO message_text (rowid, content, session_id)
     SELECT rowid, content, session_id FROM messages WHERE rowid NOT IN (SELECT rowid FROM message_text);
@@ -109,14 +132,15 @@ END;
 # A message's text as PostgreSQL can index it: ``json`` keeps a NUL (``\\u0000``) that text cannot
 # hold, so the escape is taken out of the document's text before its content is read.
 PG_MESSAGE_TEXT = "to_tsvector('simple', replace(data::text, '\\u0000', '')::json->>'content')"
-_POSTGRES_3 = f"""
+_POSTGRES_4 = f"""
 CREATE INDEX IF NOT EXISTS messages_text ON messages USING GIN ({PG_MESSAGE_TEXT});
 """
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "sessions, messages and calls", _SQLITE_1, _POSTGRES_1),
-    Migration(2, "windows learned from overflow errors", _WINDOWS, _WINDOWS),
-    Migration(3, "session search", _SQLITE_3, _POSTGRES_3),
+    Migration(2, "message times, versions and thinking; trims", _SQLITE_2, _POSTGRES_2),
+    Migration(3, "windows learned from overflow errors", _WINDOWS, _WINDOWS),
+    Migration(4, "session search", _SQLITE_4, _POSTGRES_4),
 )
 
 _RECORDS = ("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "

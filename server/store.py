@@ -65,6 +65,7 @@ class StoredSession:
     updated_at: str
     messages: list[ChatMessage] = field(default_factory=list)
     calls: list[CallRecord] = field(default_factory=list)
+    trims: list[dict[str, Any]] = field(default_factory=list)  # history_trimmed fields, oldest first
 
 
 class Store(Protocol):
@@ -93,6 +94,8 @@ class Store(Protocol):
     async def insert_message(self, session_id: str, index: int, message: ChatMessage) -> None: ...
 
     async def record_call(self, session_id: str, call: CallRecord) -> None: ...
+
+    async def record_trim(self, session_id: str, trim: Mapping[str, Any]) -> None: ...
 
     async def import_session(self, session: StoredSession) -> None: ...
     # windows providers named in their overflow errors, by (provider alias, model)

@@ -17,7 +17,7 @@ Order: as in the SQLite store, a ``position`` float per message; append takes ``
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -156,9 +156,13 @@ class PostgresStore:
             calls = await (await conn.execute(
                 f"SELECT {', '.join(CALL_FIELDS)} FROM calls WHERE session_id = %s ORDER BY seq",
                 (session_id,))).fetchall()
+            trims = await (await conn.execute(
+                "SELECT data, created_at FROM trims WHERE session_id = %s ORDER BY seq",
+                (session_id,))).fetchall()
         session_id, title, route, created_at, updated_at = head
         return StoredSession(session_id, title, route, created_at, updated_at,
-                             [message_from_data(row[0]) for row in rows], [CallRecord(*row) for row in calls])
+                             [message_from_data(row[0]) for row in rows], [CallRecord(*row) for row in calls],
+                             [{**data, "created_at": at} for data, at in trims])
 
     async def get_summary(self, session_id: str) -> SessionSummary | None:
         rows = await self._query(_SUMMARY + " WHERE s.id = %s", (session_id,))
@@ -266,6 +270,13 @@ class PostgresStore:
                 "INSERT INTO route_windows VALUES (%s, %s, %s, %s) ON CONFLICT (provider, model) "
                 "DO UPDATE SET tokens = excluded.tokens, learned_at = excluded.learned_at",
                 (provider, model, tokens, self._clock.now()))
+
+    async def record_trim(self, session_id: str, trim: Mapping[str, Any]) -> None:
+        """Keep a ``history_trimmed`` event (its fields) so a reload shows the notice again."""
+        async with self._transaction() as conn:
+            now = await self._touch(conn, session_id)
+            await conn.execute("INSERT INTO trims (session_id, data, created_at) VALUES (%s, %s, %s)",
+                               (session_id, Json(dict(trim)), now))
 
     async def import_session(self, session: StoredSession) -> None:
         """Write a whole session (from an export) at once; its id must be new."""

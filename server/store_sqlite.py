@@ -21,7 +21,7 @@ import json
 import re
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -168,10 +168,12 @@ class SqliteStore:
             calls = [CallRecord(*row) for row in self._conn.execute(
                 f"SELECT {', '.join(CALL_FIELDS)} FROM calls WHERE session_id = ? ORDER BY seq",
                 (session_id,))]
+            trims = [{**json.loads(data), "created_at": at} for data, at in self._conn.execute(
+                "SELECT data, created_at FROM trims WHERE session_id = ? ORDER BY seq", (session_id,))]
         finally:
             self._conn.execute("COMMIT")
         session_id, title, route, created_at, updated_at = head
-        return StoredSession(session_id, title, route, created_at, updated_at, messages, calls)
+        return StoredSession(session_id, title, route, created_at, updated_at, messages, calls, trims)
 
     async def get_summary(self, session_id: str) -> SessionSummary | None:
         row = await self._call(self._query_one, _SUMMARY + " WHERE s.id = ?", (session_id,))
@@ -273,6 +275,15 @@ class SqliteStore:
                          "INSERT INTO route_windows VALUES (?, ?, ?, ?) ON CONFLICT (provider, model) "
                          "DO UPDATE SET tokens = excluded.tokens, learned_at = excluded.learned_at",
                          (provider, model, tokens, self._clock.now()))
+
+    async def record_trim(self, session_id: str, trim: Mapping[str, Any]) -> None:
+        """Keep a ``history_trimmed`` event (its fields) so a reload shows the notice again."""
+        await self._call(self._write, self._put_trim, session_id, _json(dict(trim)))
+
+    def _put_trim(self, session_id: str, data: str) -> None:
+        now = self._touch(session_id)
+        self._conn.execute("INSERT INTO trims (session_id, data, created_at) VALUES (?, ?, ?)",
+                           (session_id, data, now))
 
     async def import_session(self, session: StoredSession) -> None:
         """Write a whole session (from an export) at once; its id must be new."""

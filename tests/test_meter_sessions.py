@@ -109,8 +109,8 @@ async def test_search_index_is_built_for_a_file_written_before_it(tmp_path):
     with sqlite3.connect(path) as connection:
         connection.executescript("DROP TRIGGER message_text_insert; DROP TRIGGER message_text_update;"
                                  "DROP TRIGGER message_text_delete; DROP TABLE message_text;"
-                                 "DELETE FROM schema_migrations WHERE version = 3;"
-                                 "UPDATE schema_version SET version = 2;")
+                                 "DELETE FROM schema_migrations WHERE version = 4;"
+                                 "UPDATE schema_version SET version = 3;")
     store = open_store(tmp_path / "data")
     assert [s.id for s in await store.list_sessions("lighthouse")] == ["old"]
     await store.close()
