@@ -266,7 +266,8 @@ class SessionHub:
         if not turns:
             raise BadFrame(f"preview_edit.turn_id: no turn {echo(turn_id)} in this session")
         meter = self.rt.meter
-        reading = await meter.read(session.route, session.estimate_without(turns), meter.tools(session.route))
+        reading = await meter.read(session.route, session.estimate_without(turns), meter.tools(session.route),
+                                   session.anchors.get(session.route.name))  # the meter's own accounting
         frame = meter.frame(reading, session.ledger, EDIT_PREVIEW)
         frame.pop("trim_preview", None)  # the ledger's preview is of the history before the edit
         return frame
