@@ -48,6 +48,19 @@ class SessionHub:
         self.coalesce_seconds = rt.settings.server.coalesce_ms / 1000
         self._pending_restore: set[str] = set()
         self._lock = anyio.Lock()
+        self.connections = 0
+
+    # --- the connection cap -------------------------------------------------------------------
+
+    def admit(self) -> bool:
+        """Count one more open socket, or refuse it at ``server.max_connections``."""
+        if self.connections >= self.rt.settings.server.max_connections:
+            return False
+        self.connections += 1
+        return True
+
+    def release(self) -> None:
+        self.connections -= 1
 
     # --- finding, creating, caching -----------------------------------------------------------
 

@@ -1,0 +1,89 @@
+"""Bounds at the edge of a real server: the frame rate, the connection cap, hello and idle
+deadlines, the resolver's caches."""
+
+from __future__ import annotations
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+
+from server.limits import TokenBucket
+from tests.support import SHORT_REPLY, client, serve, settings_for, slow_settings
+
+pytestmark = pytest.mark.anyio
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_token_bucket_spends_its_burst_then_refills_at_its_rate():
+    clock = Clock()
+    bucket = TokenBucket(rate=10, burst=3, clock=clock)
+    assert [bucket.take() for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert bucket.take() == pytest.approx(0.1)
+    clock.now = 0.1
+    assert bucket.take() == 0.0
+    clock.now = 100.0
+    assert [bucket.take() for _ in range(4)][-1] > 0  # refilled to the burst, never above it
+
+
+async def test_limits_frame_flood_is_answered_once_with_rate_limited_and_the_session_goes_on(tmp_path):
+    with serve(settings_for(tmp_path, frame_rate=50, frame_burst=5)) as address:
+        async with client(address) as c:
+            await c.hello()
+            for _ in range(200):
+                await c.send("stop")
+            error = await c.recv()
+            assert error["type"] == "error" and error["code"] == "rate_limited"
+            assert error["retryable"] is True and error["retry_after"] > 0
+            # Refused frames are dropped unanswered; a resend of one message id is idempotent, so
+            # the client resends until the bucket has a token again.
+            accepted = None
+            while accepted is None:
+                await c.send("message", id="after-flood", content="echo still here")
+                try:
+                    frame = await c.recv(timeout=0.2)
+                except TimeoutError:
+                    continue
+                accepted = frame if frame["type"] == "accepted" else None
+            frames = await c.until("done", "error")
+    assert frames[-1]["type"] == "done"
+    assert not [f for f in c.frames if f["type"] == "error" and f is not error]
+
+
+async def test_limits_connection_over_max_connections_is_closed_with_1013(tmp_path):
+    with serve(settings_for(tmp_path, max_connections=2)) as address:
+        async with client(address) as first, client(address) as second:
+            await first.hello()
+            await second.hello()
+            async with client(address) as third:
+                with pytest.raises(ConnectionClosed) as closed:
+                    await third.hello()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+            assert "max_connections" in closed.value.rcvd.reason
+        async with client(address) as again:  # the slots are given back when sockets close
+            assert (await again.hello())[0]["type"] == "session"
+
+
+async def test_limits_connection_without_hello_is_closed(tmp_path):
+    with serve(settings_for(tmp_path, hello_timeout_seconds=0.3)) as address:
+        async with client(address) as c:
+            with pytest.raises(ConnectionClosed) as closed:
+                await c.recv(timeout=5)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+
+
+async def test_limits_idle_connection_is_closed_with_1001_but_not_while_a_reply_streams(tmp_path):
+    with serve(slow_settings(tmp_path, idle_timeout_seconds=0.5)) as address:
+        async with client(address) as c:
+            await c.hello()
+            await c.send("message", id="q1", content=SHORT_REPLY)  # streams for about a second
+            frames = await c.until("done", timeout=10)
+            assert frames[-1]["type"] == "done"
+            with pytest.raises(ConnectionClosed) as closed:
+                await c.recv(timeout=5)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
