@@ -79,6 +79,8 @@ class ServerSettings:
     history_page_messages: int = setting(
         200, "Messages per history page (newest first); older ones come on history_before.")
     store_busy_ms: int = setting(5000, "How long a store write waits for a locked database.")
+    route_cache_entries: int = setting(
+        512, "Routes (provider/model) whose discovered window and calibration are kept, LRU.")
 
 
 @dataclass(frozen=True)
