@@ -15,6 +15,7 @@ import uvicorn
 from server.config import load_settings
 from server.errors import ConfigError
 from server.routing import RouteResolver
+from server.serving import DrainingServer, uvicorn_options
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -43,5 +44,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{settings.default_route})", file=sys.stderr, flush=True)
     # No per-message deflate: chat frames are small and many, so compressing each costs more CPU
     # than it saves on a local or LAN link.
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=args.log_level,
-                ws_max_size=16 * 1024 * 1024, ws_per_message_deflate=False)
+    app = create_app(settings)
+    config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level,
+                            ws_max_size=16 * 1024 * 1024, ws_per_message_deflate=False,
+                            **uvicorn_options(settings.server))
+    DrainingServer(config, app).run()

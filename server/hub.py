@@ -157,6 +157,17 @@ class SessionHub:
                 return
         await session.emit_meter(session.route, "hello")
 
+    async def drain(self, grace: float) -> None:
+        """The server is shutting down: end every ``/events`` stream, stop every turn and wait (at
+        most ``grace`` seconds) until each has written its reply, marked interrupted."""
+        self.rt.bus.close()
+        handles = [session.turn for session in self.sessions.values() if session.turn is not None]
+        for session in self.sessions.values():
+            self.stop(session)
+        with anyio.move_on_after(grace):
+            for handle in handles:
+                await handle.done.wait()
+
     def deleted(self, session_id: str) -> None:
         """The session was deleted through the API: stop its turn and tell its open tabs."""
         session = self.sessions.pop(session_id, None)

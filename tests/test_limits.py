@@ -3,12 +3,16 @@ deadlines, the resolver's caches."""
 
 from __future__ import annotations
 
+import socket
+import time
+
+import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
 from server.limits import TokenBucket
 from server.routing import RouteResolver
-from tests.support import SHORT_REPLY, client, serve, settings_for, slow_settings
+from tests.support import SHORT_REPLY, client, run_server, serve, settings_for, slow_settings
 
 pytestmark = pytest.mark.anyio
 
@@ -105,3 +109,42 @@ async def test_limits_route_caches_stay_bounded_however_many_models_a_client_nam
     assert len(resolver._windows) == 16 and not resolver._locks
     assert len(resolver.calibration) == 16
     assert (await resolver.capacity(resolver.parse("local/m499"))).source is None  # still cached
+
+
+def trickle_until_closed(address: str, pace: float, budget: float) -> float | None:
+    """Open a raw socket, send a request line, then one header byte every ``pace`` seconds (the
+    wait for the server's answer is the pacing); the seconds until the server closed, or None."""
+    host, port = address.split(":")
+    started = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=pace) as raw:
+        raw.sendall(b"GET /healthz HTTP/1.1\r\nHost: " + address.encode() + b"\r\n")
+        while time.monotonic() - started < budget:
+            try:
+                if raw.recv(1024) == b"":
+                    return time.monotonic() - started
+            except TimeoutError:
+                pass
+            try:
+                raw.sendall(b"X")
+            except OSError:  # closed under the write
+                return time.monotonic() - started
+    return None
+
+
+def head_refused(url: str, size: int) -> bool:
+    """A request whose head is ``size`` bytes is answered 400/431 or cut off while being sent."""
+    try:
+        return httpx.get(f"{url}/healthz", headers={"x-big": "a" * size}).status_code in (400, 431)
+    except httpx.TransportError:
+        return True
+
+
+def test_limits_slowloris_header_is_cut_off_by_header_timeout(tmp_path):
+    config = tmp_path / "meterchat.toml"
+    config.write_text(f'[server]\ndata_dir = "{tmp_path / "data"}"\nheader_timeout_seconds = 1.0\n')
+    with run_server(config) as running:
+        closed_after = trickle_until_closed(running.address, pace=0.2, budget=8.0)
+        refused = head_refused(running.url, 1_000_000)
+        assert httpx.get(f"{running.url}/healthz").status_code == 200  # a prompt client is served
+    assert closed_after is not None and 0.8 < closed_after < 4.0
+    assert refused  # a head over max_header_bytes is refused

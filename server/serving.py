@@ -1,0 +1,89 @@
+"""How ``meterchat`` serves: uvicorn's options read from ``[server]``, a deadline on request heads,
+and a shutdown that drains the app before uvicorn closes the sockets.
+
+uvicorn times out an idle kept-alive connection only after a response, and never a request head
+that trickles in a byte at a time (slowloris); ``guarded_h11`` arms a timer whenever a connection
+waits for a head (when it opens, and after each response) and closes the transport if the head has
+not arrived when it fires. A connection upgraded to a WebSocket is past its head and left alone.
+
+On SIGTERM ``DrainingServer`` first awaits the app's ``state.drain`` (set by its lifespan: end the
+``/events`` streams, stop and store every streaming reply), then lets uvicorn close the sockets
+(1012 for WebSockets) with what is left of ``shutdown_grace_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+import time
+from typing import Any
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from server.config import ServerSettings
+
+HTTP_HEADROOM = 256  # connections beyond max_connections kept for the page, /api and /events
+MIN_CLOSE_SECONDS = 1  # what uvicorn gets to close sockets however long the drain took
+
+
+def uvicorn_options(server: ServerSettings) -> dict[str, Any]:
+    """The ``uvicorn.Config`` options that bound connections, heads and shutdown."""
+    return {
+        "http": guarded_h11(server.header_timeout_seconds),
+        "h11_max_incomplete_event_size": server.max_header_bytes,
+        "limit_concurrency": server.max_connections + HTTP_HEADROOM,
+        "timeout_graceful_shutdown": math.ceil(server.shutdown_grace_seconds),
+    }
+
+
+def guarded_h11(head_timeout: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a deadline on every request head."""
+
+    class GuardedH11Protocol(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()  # a kept-alive connection waits for its next head under the same deadline
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            self._head_timer = self.loop.call_later(head_timeout, self._head_overdue)
+
+        def _head_overdue(self) -> None:
+            # IDLE on the client's side: no complete head since the connection opened or the last
+            # response ended (an upgraded or busy connection has left IDLE).
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+    return GuardedH11Protocol
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, app: Any) -> None:
+        super().__init__(config)
+        self.app = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        grace = self.config.timeout_graceful_shutdown or 0.0
+        started = time.monotonic()
+        drain = getattr(self.app.state, "drain", None)
+        if drain is not None:
+            await drain(grace)
+        left = grace - (time.monotonic() - started)
+        # uvicorn's setting is whole seconds: round up, so the grace is never cut short.
+        self.config.timeout_graceful_shutdown = math.ceil(max(MIN_CLOSE_SECONDS, left))
+        await super().shutdown(sockets)
