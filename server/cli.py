@@ -40,11 +40,15 @@ def main(argv: list[str] | None = None) -> None:
 
     host = args.host or settings.server.host
     port = settings.server.port if args.port is None else args.port
+    try:
+        app = create_app(settings)  # a database that cannot be used stops start-up here, in one line
+    except ConfigError as exc:
+        print(f"meterchat: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
     print(f"meterchat: serving on http://{host}:{port}/ ({settings.source}; default route "
           f"{settings.default_route})", file=sys.stderr, flush=True)
     # No per-message deflate: chat frames are small and many, so compressing each costs more CPU
     # than it saves on a local or LAN link.
-    app = create_app(settings)
     config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level,
                             ws_max_size=16 * 1024 * 1024, ws_per_message_deflate=False,
                             **uvicorn_options(settings.server))

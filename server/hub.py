@@ -19,7 +19,7 @@ import anyio
 
 from server.channel import FrameChannel, Outbox
 from server.compaction_runner import compaction_for
-from server.errors import BadFrame, Busy, UnknownRoute, UnknownSession, error_frame
+from server.errors import BadFrame, Busy, StoreUnavailable, UnknownRoute, UnknownSession, error_frame
 from server.history import ChatMessage, Image
 from server.images import decode_images
 from server.protocol import ImagePayload, server_frame
@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TITLE = "New chat"
 MODEL_COMMAND = "/model"
 MAX_CACHED_SESSIONS = 128  # with FRAME_LOG_BYTES, bounds the frame logs to about 256 MiB
+UNSAVED_RETRY_SECONDS = 1.0  # how often a reply the store refused is tried again
 
 
 def new_session_id() -> str:
@@ -82,7 +83,7 @@ class SessionHub:
         for session_id, session in list(self.sessions.items()):
             if excess <= 0:
                 return
-            if not session.channel.watched and session.turn is None:
+            if not session.channel.watched and session.turn is None and not session.unsaved:
                 del self.sessions[session_id]
                 self._pending_restore.discard(session_id)
                 excess -= 1
@@ -217,6 +218,8 @@ class SessionHub:
             raise Busy("a reply is still being written in this session; stop it or wait for it to finish")
         if session.knows(message_id):
             raise BadFrame(f"message.id {message_id!r} is already used by another message in this session")
+        if session.unsaved:
+            await session.save_reply()  # the earlier reply first, or StoreUnavailable and nothing stored
         images = decode_images(payloads, self.rt.options.max_image_bytes)
         turn_id = uuid.uuid4().hex[:12]
         # Claim the session before the first await: two tabs sending at once start one turn.
@@ -262,10 +265,30 @@ class SessionHub:
                 await turn.run()
             if handle.cancel_scope.cancelled_caught:
                 with anyio.CancelScope(shield=True):
-                    await turn.finish_reply(interrupted=True)
-                    session.emit(server_frame("aborted", turn_id=turn.turn_id))
+                    await self._abort(session, turn)
         finally:
             session.turn = None
             handle.done.set()
+            if session.unsaved:
+                self.spawn(self._write_unsaved, session)
         if turn.route != session.route:
             await session.emit_meter(session.route, "done")
+
+    async def _abort(self, session: Session, turn: Turn) -> None:
+        try:
+            await turn.finish_reply(interrupted=True)
+        except StoreUnavailable:
+            pass  # kept in session.unsaved; _write_unsaved writes it
+        session.emit(server_frame("aborted", turn_id=turn.turn_id))
+
+    async def _write_unsaved(self, session: Session) -> None:
+        """Try the replies the store refused again until it takes them, then say so. A newer turn
+        writes them first too, so whichever succeeds first empties ``unsaved``."""
+        while session.unsaved:
+            await anyio.sleep(UNSAVED_RETRY_SECONDS)
+            try:
+                await session.save_reply()
+            except StoreUnavailable:
+                continue
+            session.emit(server_frame("notice", code="store_recovered", message=(
+                "the session store is writable again: the reply it refused is now saved")))

@@ -49,7 +49,7 @@ SERVER_FRAMES: dict[str, tuple[str, ...]] = {
 
 CONTEXT_REASONS = ("hello", "switch", "hint", "send", "trim", "usage", "done", "restore")
 TRIM_REASONS = ("token_budget", "turn_limit", "overflow_recovery", "compaction")
-NOTICE_CODES = ("provider_truncated", "reply_truncated")
+NOTICE_CODES = ("provider_truncated", "reply_truncated", "store_recovered")
 # Enumerated fields are checked when a frame is built: a new value must be added here (and in the doc).
 ENUMS: dict[tuple[str, str], tuple[str, ...]] = {
     ("context", "reason"): CONTEXT_REASONS,

@@ -95,11 +95,11 @@ class Store(Protocol):
     async def import_session(self, session: StoredSession) -> None: ...
 
 
-def open_store(data_dir: str | Path) -> SqliteStore:
+def open_store(data_dir: str | Path, busy_ms: int = 5000) -> SqliteStore:
     """The embedded store: ``meterchat.sqlite3`` under ``data_dir`` (both created if missing)."""
     from server.store_sqlite import SqliteStore
 
-    return SqliteStore.open(data_dir)
+    return SqliteStore.open(data_dir, busy_ms)
 
 
 # Message <-> plain data: one codec shared by the SQLite rows and the JSON export, derived from the

@@ -19,7 +19,14 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from server.compaction_runner import Compaction, NoCompaction
-from server.errors import CapacityExceeded, ContextOverflow, HistoryUnfit, MeterchatError, error_frame
+from server.errors import (
+    CapacityExceeded,
+    ContextOverflow,
+    HistoryUnfit,
+    MeterchatError,
+    StoreUnavailable,
+    error_frame,
+)
 from server.history import ChatMessage, ToolCall, estimate_history_tokens
 from server.history_trim import TrimReport, cap_tool_result, sweep_orphans
 from server.meter import Reading
@@ -124,15 +131,28 @@ class Turn:
             await self.session.set_aside(self.turn_id, SET_ASIDE_UNFIT)
             self.session.emit(error_frame(exc, turn_id=self.turn_id))
         except MeterchatError as exc:
-            await self.finish_reply(interrupted=True)
-            self.session.emit(error_frame(exc, turn_id=self.turn_id))
+            await self.fail(exc)
         except Exception as exc:  # a bug must not take the session down; the user is told
             log.exception("turn %s of session %s failed", self.turn_id, self.session.id)
-            await self.finish_reply(interrupted=True)
-            self.session.emit(error_frame(exc, turn_id=self.turn_id))
+            await self.fail(exc)
         else:
-            await self.finish_reply(interrupted=False)
+            try:
+                await self.finish_reply(interrupted=False)
+            except StoreUnavailable as exc:  # the reply is complete, only its write waits
+                self.session.emit(error_frame(exc, turn_id=self.turn_id))
+                return
             await self.emit_done()
+
+    async def fail(self, exc: Exception) -> None:
+        """Keep the reply, marked interrupted, and tell the clients, even when the store refuses
+        the mark: the error that ended the turn may be the store's own (the reply then waits in
+        ``Session.unsaved``)."""
+        try:
+            await self.finish_reply(interrupted=True)
+        except StoreUnavailable:
+            pass  # the reply waits in Session.unsaved; the hub writes it when the store recovers
+        finally:
+            self.session.emit(error_frame(exc, turn_id=self.turn_id))
 
     async def loop(self) -> None:
         limit = self.options.max_tool_iterations
@@ -193,7 +213,7 @@ class Turn:
             if step is Step.JOIN:  # in the transcript at once (snapshots), in the store soon
                 self.session.join_reply(self.writer)
             elif step is Step.FLUSH:
-                await self.rt.store.save_messages(self.session.id, [self.writer.flush()])
+                await self.session.save_reply(self.writer.flush())
         elif isinstance(event, ThinkingDelta):
             self.emit("thinking", turn_id=self.turn_id, content=event.text)
         elif isinstance(event, ToolCallEvent):
@@ -244,8 +264,8 @@ class Turn:
         self.session.settle_reply(message)
         if message is None:  # an empty reply was never stored: nothing to keep
             return
-        await self.rt.store.save_messages(self.session.id, [message])
         self.final_text = "" if message.tool_calls else message.content
+        await self.session.save_reply(message)
 
     async def run_tools(self, calls: list[ToolCall]) -> None:
         await self.finish_reply(interrupted=False, tool_calls=calls)  # a reply asking for tools is complete

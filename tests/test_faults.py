@@ -14,7 +14,10 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from tests.support import SHORT_REPLY, client, run_server
+from server.errors import StoreUnavailable
+from server.history import ChatMessage
+from server.store_sqlite import SqliteStore
+from tests.support import SHORT_REPLY, client, run_server, serve, slow_settings, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -76,3 +79,44 @@ async def test_faults_sigterm_stores_the_streaming_reply_closes_streams_and_exit
     [(content, interrupted)] = stored_replies(tmp_path / "data")
     assert content.startswith(seen) and len(seen) > 0 and interrupted == 1
     assert not [line for line in running.output if "Traceback" in line]
+
+
+async def test_faults_locked_store_ends_the_turn_with_store_unavailable_and_writes_the_reply_later(tmp_path):
+    settings = slow_settings(tmp_path, store_busy_ms=100, store_flush_ms=50)
+    database = tmp_path / "data" / "meterchat.sqlite3"
+    with serve(settings) as address:
+        async with client(address) as c:
+            await c.hello()
+            frames = await c.start_turn("echo " + " ".join(f"w{n}" for n in range(200)))
+            locker = sqlite3.connect(database, isolation_level=None)
+            locker.execute("BEGIN IMMEDIATE")  # another writer holds the lock past store_busy_ms
+            frames += await c.until("error")
+            error = frames[-1]
+            assert error["code"] == "store_unavailable" and error["retryable"] is True
+            assert error["turn_id"] == frames[-2]["turn_id"]
+            seen = text_of(frames)
+            refused = await c.say("echo while locked", id="locked")  # nothing stored, draft kept
+            assert refused[-1]["code"] == "store_unavailable" and refused[-1]["message_id"] == "locked"
+            locker.execute("ROLLBACK")
+            locker.close()
+            notice = (await c.until("notice"))[-1]
+            assert notice["code"] == "store_recovered"
+            [(content, interrupted)] = stored_replies(tmp_path / "data")
+            assert content.startswith(seen) and interrupted == 1
+            after = await c.say("echo after")  # the session goes on
+    assert after[-1]["type"] == "done"
+
+
+async def test_faults_full_store_raises_store_unavailable_and_takes_the_write_once_space_is_back(tmp_path):
+    store = SqliteStore.open(tmp_path)
+    await store.create_session("s1", title="t", route="demo/demo-small")
+    pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
+    store._conn.execute(f"PRAGMA max_page_count = {pages}")  # the disk is full
+    big = ChatMessage("assistant", "x" * 200_000, id="m1")
+    with pytest.raises(StoreUnavailable, match="full"):
+        await store.save_messages("s1", [big])
+    store._conn.execute("PRAGMA max_page_count = 1073741823")  # space is back
+    await store.save_messages("s1", [big])
+    stored = await store.get_session("s1")
+    await store.close()
+    assert stored is not None and stored.messages[0].content == big.content
