@@ -171,7 +171,8 @@ class SqliteStore:
         try:
             result = fn(*args)
         except BaseException:
-            self._conn.execute("ROLLBACK")
+            if self._conn.in_transaction:  # SQLITE_FULL has rolled back already; say so, not that
+                self._conn.execute("ROLLBACK")
             raise
         self._conn.execute("COMMIT")
         return result
