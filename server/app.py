@@ -100,7 +100,8 @@ class AppState(ApiState):
 
 def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or load_settings()
-    store = open_store(settings.server.data_dir, settings.server.store_busy_ms)  # here, not in the lifespan: a bad folder stops start-up
+    # here, not in the lifespan: a bad folder or database stops start-up
+    store = open_store(settings.server.data_dir, settings.server.store_busy_ms)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[AppState]:

@@ -343,14 +343,21 @@ def _check(connection: sqlite3.Connection, path: Path) -> None:
         version = connection.execute("PRAGMA user_version").fetchone()[0]
         connection.execute(f"PRAGMA user_version = {int(version)}")  # a write that changes nothing
     except sqlite3.Error as exc:
-        raise ConfigError(f"{path}: the database cannot be used: {exc}") from exc
+        raise ConfigError(f"{path}: {_problem(exc)}") from exc
+
+
+def _problem(exc: sqlite3.Error) -> str:
+    if isinstance(exc, sqlite3.DatabaseError) and any(
+            word in str(exc) for word in ("malformed", "not a database")):
+        return f"the database is corrupt ({exc}); restore a backup or move the file away"
+    return f"the database cannot be used: {exc}"
 
 
 def _prepare(connection: sqlite3.Connection, path: Path) -> None:
     try:
         _create(connection, path)
     except sqlite3.Error as exc:
-        raise ConfigError(f"{path}: the database cannot be used: {exc}") from exc
+        raise ConfigError(f"{path}: {_problem(exc)}") from exc
 
 
 def _create(connection: sqlite3.Connection, path: Path) -> None:

@@ -4,8 +4,11 @@ and a database that cannot be opened at start-up."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,8 +19,8 @@ from websockets.exceptions import ConnectionClosed
 
 from server.errors import StoreUnavailable
 from server.history import ChatMessage
-from server.store_sqlite import SqliteStore
-from tests.support import SHORT_REPLY, client, run_server, serve, slow_settings, text_of
+from server.store_sqlite import FILE_NAME, SqliteStore
+from tests.support import REPO, SHORT_REPLY, client, run_server, serve, slow_settings, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -120,3 +123,76 @@ async def test_faults_full_store_raises_store_unavailable_and_takes_the_write_on
     stored = await store.get_session("s1")
     await store.close()
     assert stored is not None and stored.messages[0].content == big.content
+
+
+def start_on(data_dir: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    config = tmp_path / "meterchat.toml"
+    config.write_text(f'[server]\ndata_dir = "{data_dir}"\n')
+    return subprocess.run([sys.executable, "-m", "server", "--config", str(config), "--port", "0"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def garbage(data: Path) -> None:
+    (data / FILE_NAME).write_bytes(b"this is not a database, " * 400)
+
+
+def damaged_page(data: Path) -> None:
+    path = data / FILE_NAME
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE filler (x TEXT)")
+        db.executemany("INSERT INTO filler VALUES (?)", [("y" * 500,) for _ in range(200)])
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA journal_mode = DELETE")  # everything in the main file, none in a WAL
+    raw = bytearray(path.read_bytes())
+    page = 4096
+    raw[page * 2: page * 2 + 64] = b"\xff" * 64  # a b-tree page header of the filler table
+    path.write_bytes(bytes(raw))
+
+
+def not_a_file(data: Path) -> None:
+    (data / FILE_NAME).mkdir()  # cannot be opened as a file (root reads any file: a mode would not do)
+
+
+def wal_blocked(data: Path) -> None:
+    sqlite3.connect(data / FILE_NAME).close()
+    (data / f"{FILE_NAME}-wal").mkdir()  # the write-ahead log cannot be created: no write can happen
+
+
+def read_only_file(data: Path) -> None:
+    path = data / FILE_NAME
+    sqlite3.connect(path).close()
+    path.chmod(0o444)
+    data.chmod(0o555)
+
+
+def unreadable_file(data: Path) -> None:
+    path = data / FILE_NAME
+    sqlite3.connect(path).close()
+    path.chmod(0)
+
+
+AS_ROOT = os.geteuid() == 0
+NOT_AS_ROOT = pytest.mark.skipif(AS_ROOT, reason="root reads and writes any file whatever its mode")
+
+
+@pytest.mark.parametrize("spoil, problem", [
+    (garbage, "not a database"),
+    (damaged_page, "corrupt"),
+    (not_a_file, "cannot open"),
+    (wal_blocked, "cannot be used"),
+    pytest.param(read_only_file, "cannot be used", marks=NOT_AS_ROOT),
+    pytest.param(unreadable_file, "cannot", marks=NOT_AS_ROOT),
+])
+def test_faults_unusable_database_stops_start_up_with_one_line(tmp_path, spoil, problem):
+    data = tmp_path / "data"
+    data.mkdir()
+    spoil(data)
+    try:
+        result = start_on(data, tmp_path)
+    finally:
+        data.chmod(0o755)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0
+    assert len(lines) == 1, result.stderr
+    assert str(data / FILE_NAME) in lines[0] and problem in lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
