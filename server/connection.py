@@ -163,6 +163,8 @@ class Connection:
             await self.hub.switch(session, frame.get("route"))
         elif frame.type == "stop":
             self.hub.stop(session)
+        elif frame.type == "history_before":
+            self.send_local(self.hub.history_before(session, frame.get("before_id"), frame.get("limit")))
 
     async def hello(self, frame: ClientFrame) -> None:
         self.session = await self.hub.attach(self.outbox, frame.get("session_id"), frame.get("last_seq"))

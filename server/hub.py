@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from server.channel import FrameChannel, Outbox
+from server.channel import Frame, FrameChannel, Outbox
 from server.compaction_runner import compaction_for
 from server.errors import BadFrame, Busy, StoreUnavailable, UnknownRoute, UnknownSession, error_frame
 from server.history import ChatMessage, Image
@@ -27,7 +27,7 @@ from server.routing import Route
 from server.runtime import Runtime
 from server.session import Session, TurnHandle
 from server.turn import Turn
-from server.views import history_frame, session_frame
+from server.views import history_frame, history_page_frame, session_frame
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class SessionHub:
         replayed = session.channel.attach(
             outbox, last_seq if resumed else None,
             head=lambda seq: session_frame(session, resumed=resumed, seq=seq, routes=routes),
-            snapshot=lambda: [history_frame(session)])
+            snapshot=lambda: [history_frame(session, self.rt.settings.server.history_page_messages)])
         if not replayed:
             # In the background: a window discovery on a slow provider must not hold the reader.
             self.spawn(self.after_hello, session)
@@ -202,6 +202,11 @@ class SessionHub:
         session.route = route
         await self.rt.store.set_route(session.id, route.name)
         await session.emit_meter(route, "switch")
+
+    def history_before(self, session: Session, before_id: str, limit: int | None) -> Frame:
+        """An older page of the session's history, for the one client that asked."""
+        page = self.rt.settings.server.history_page_messages
+        return history_page_frame(session, before_id, min(limit or page, page))
 
     def stop(self, session: Session) -> None:
         if session.turn is not None:

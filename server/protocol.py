@@ -23,11 +23,13 @@ CLIENT_FRAMES: dict[str, tuple[str, ...]] = {
     "message": ("id", "content", "images?", "retry_of?"),
     "switch_model": ("route",),
     "stop": (),
+    "history_before": ("before_id", "limit?"),
 }
 
 SERVER_FRAMES: dict[str, tuple[str, ...]] = {
     "session": ("session_id", "resumed", "message_count", "route", "routes", "title", "protocol"),
-    "history": ("messages",),
+    "history": ("messages", "older?"),
+    "history_page": ("before_id", "messages", "older"),
     "accepted": ("id", "turn_id", "content", "images?"),
     "context": ("provider", "model", "route_kind", "estimated_tokens", "tokens_source",
                 "context_token_budget", "model_context_window?", "window_source?", "trim_preview?",
@@ -112,6 +114,10 @@ def _validate(frame: dict[str, Any]) -> dict[str, Any]:
             raise BadFrame("message.content: empty message")
     elif kind == "switch_model":
         _require(frame, "route", str, "a route string like 'provider' or 'provider/model'")
+    elif kind == "history_before":
+        _require(frame, "before_id", str, "the id of the oldest message the client holds")
+        if frame.get("limit") is not None:
+            _require(frame, "limit", int, "a number of messages")
     return frame
 
 

@@ -2,6 +2,11 @@
 
 A message's view is what the page needs to draw it: long tool results are clipped here (the store
 and the exports keep them whole), images are counted, not sent back.
+
+History goes out in pages, newest first: the ``history`` snapshot carries the newest messages (at
+most ``history_page_messages``, and about ``history_page_bytes`` of text) and says how many are
+``older``; a client asks for those with ``history_before`` and gets a ``history_page``. So a huge
+session never becomes one frame, and one huge message is clipped to a page.
 """
 
 from __future__ import annotations
@@ -14,16 +19,19 @@ from server.protocol import PROTOCOL_VERSION, server_frame
 from server.session import Session
 
 HISTORY_TOOL_CHARS = 8000
+HISTORY_PAGE_BYTES = 1024 * 1024  # text per page; a single longer message is clipped to it
 
 
 def display_text(message: ChatMessage) -> str:
-    """A tool result as the ``history`` frame shows it: long outputs are clipped there (the store
-    and the exports keep them whole), so reopening a long session stays quick."""
+    """A message as the ``history`` frame shows it: long tool outputs, and any message longer than
+    a page, are clipped there (the store and the exports keep them whole), so reopening a long
+    session stays quick."""
     text = message.content
-    if message.role != "tool" or len(text) <= HISTORY_TOOL_CHARS:
+    keep = HISTORY_TOOL_CHARS if message.role == "tool" else HISTORY_PAGE_BYTES
+    if len(text) <= keep:
         return text
-    hidden = len(text) - HISTORY_TOOL_CHARS
-    return f"{text[:HISTORY_TOOL_CHARS]}\n\n[... {hidden:,} more characters, in the session export ...]"
+    hidden = len(text) - keep
+    return f"{text[:keep]}\n\n[... {hidden:,} more characters, in the session export ...]"
 
 
 def message_view(message: ChatMessage) -> dict[str, Any]:
@@ -54,6 +62,31 @@ def session_frame(session: Session, *, resumed: bool, seq: int, routes: list[str
     return {**frame, "seq": seq}
 
 
-def history_frame(session: Session) -> Frame:
-    messages = [message_view(m) for m in session.snapshot()]
-    return {**server_frame("history", messages=messages), "seq": session.seq}
+def page_before(messages: list[ChatMessage], end: int, limit: int) -> tuple[list[dict[str, Any]], int]:
+    """Views of the messages before index ``end``, newest first until ``limit`` messages or a page
+    of text, returned oldest first, and how many older ones remain."""
+    views: list[dict[str, Any]] = []
+    size = 0
+    start = end
+    while start > 0 and len(views) < max(1, limit) and (not views or size < HISTORY_PAGE_BYTES):
+        start -= 1
+        view = message_view(messages[start])
+        size += len(view["content"])
+        views.append(view)
+    views.reverse()
+    return views, start
+
+
+def history_frame(session: Session, page: int) -> Frame:
+    """The snapshot: the newest page of the transcript (the reply being written included)."""
+    messages = session.snapshot()
+    views, older = page_before(messages, len(messages), page)
+    return {**server_frame("history", messages=views, older=older or None), "seq": session.seq}
+
+
+def history_page_frame(session: Session, before_id: str, limit: int) -> Frame:
+    """The page before message ``before_id`` (none when the session does not hold that id)."""
+    messages = session.snapshot()
+    end = next((i for i, m in enumerate(messages) if m.id == before_id), 0)
+    views, older = page_before(messages, end, limit)
+    return server_frame("history_page", before_id=before_id, messages=views, older=older)

@@ -3,6 +3,7 @@ deadlines, the resolver's caches."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
@@ -10,8 +11,10 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
+from server.history import ChatMessage
 from server.limits import TokenBucket
 from server.routing import RouteResolver
+from server.store_sqlite import SqliteStore
 from tests.support import SHORT_REPLY, client, run_server, serve, settings_for, slow_settings
 
 pytestmark = pytest.mark.anyio
@@ -148,3 +151,34 @@ def test_limits_slowloris_header_is_cut_off_by_header_timeout(tmp_path):
         assert httpx.get(f"{running.url}/healthz").status_code == 200  # a prompt client is served
     assert closed_after is not None and 0.8 < closed_after < 4.0
     assert refused  # a head over max_header_bytes is refused
+
+
+async def stored_session(data_dir, messages: list[ChatMessage]) -> None:
+    store = SqliteStore.open(data_dir)
+    await store.create_session("big", title="imported", route="demo/demo-small")
+    await store.append_messages("big", messages)
+    await store.close()
+
+
+async def test_limits_history_comes_in_pages_newest_first_and_the_client_pages_back(tmp_path):
+    roles = ["user", "assistant"]
+    messages = [ChatMessage(roles[n % 2], f"message {n}", id=f"m{n}") for n in range(450)]
+    messages[100] = ChatMessage("assistant", "z" * 3_000_000, id="m100")  # one message over a page
+    await stored_session(tmp_path / "data", messages)
+    with serve(settings_for(tmp_path, history_page_messages=200)) as address:
+        async with client(address) as c:
+            await c.send("hello", session_id="big")
+            first = (await c.until("history"))[-1]
+            pages = [first]
+            while pages[-1].get("older"):
+                await c.send("history_before", before_id=pages[-1]["messages"][0]["id"], limit=500)
+                pages.append((await c.until("history_page"))[-1])
+            raw = [len(json.dumps(page)) for page in pages]
+    assert [m["id"] for m in first["messages"]] == [f"m{n}" for n in range(250, 450)]
+    assert first["older"] == 250
+    assert all(page["type"] == "history_page" for page in pages[1:])
+    ids = [m["id"] for page in reversed(pages) for m in page["messages"]]
+    assert ids == [m.id for m in messages]  # every message once, in order, newest page first
+    assert max(raw) < 1.5 * 1024 * 1024  # the 3 MB message was clipped to a page
+    clipped = next(m for page in pages for m in page["messages"] if m["id"] == "m100")
+    assert "more characters, in the session export" in clipped["content"]
