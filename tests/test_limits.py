@@ -7,6 +7,7 @@ import json
 import socket
 import time
 
+import anyio
 import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
@@ -182,3 +183,31 @@ async def test_limits_history_comes_in_pages_newest_first_and_the_client_pages_b
     assert max(raw) < 1.5 * 1024 * 1024  # the 3 MB message was clipped to a page
     clipped = next(m for page in pages for m in page["messages"] if m["id"] == "m100")
     assert "more characters, in the session export" in clipped["content"]
+
+
+@pytest.mark.browser
+def test_limits_page_loads_older_history_pages_on_demand(tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.browser_support import CHROMIUM_ARGS, chromium_path, opened_page, running_server, write_config
+
+    config = write_config(tmp_path, extra="history_page_messages = 10")
+    roles = ["user", "assistant"]
+    anyio.run(stored_session, tmp_path / "data",
+              [ChatMessage(roles[n % 2], f"message {n}", id=f"m{n}") for n in range(25)])
+    with running_server(config) as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        with opened_page(browser, url) as page:
+            page.goto("/s/big")
+            shown = page.get_by_test_id("conversation").locator("[data-message-id]")
+            expect(shown).to_have_count(10)
+            older = page.get_by_test_id("load-older")
+            expect(older).to_have_text("Load older messages (15)")
+            older.click()
+            expect(shown).to_have_count(20)
+            older.click()
+            expect(shown).to_have_count(25)
+            expect(older).to_have_count(0)
+            assert shown.first.get_attribute("data-message-id") == "m0"
+            assert shown.last.get_attribute("data-message-id") == "m24"
+        browser.close()

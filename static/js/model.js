@@ -22,6 +22,7 @@ export class Transcript {
     this.replacing = new Map(); // client message id -> the turn it replaces (edit, regenerate)
     this.versions = new Map(); // turn_id -> {turns, shown}: a turn and the turns that replaced it
     this.listeners = [];
+    this.older = 0;
   }
 
   on(listener) {
@@ -71,13 +72,27 @@ export class Transcript {
 
   // ----- the transcript from a `history` frame -----
 
-  reset(messages) {
+  reset(messages, older = 0) {
+    this.older = older; // messages the server holds before the first one here (history paging)
     this.items = [];
     this.replies.clear();
     this.versions.clear();
     this.pendingTurn = null;
     for (const message of messages) this.items.push(...this.stored(message));
     this.emit("reset", this.items);
+  }
+
+  // An older page (`history_page`): its messages go before every item shown.
+  prepend(messages, older) {
+    const added = messages.flatMap((m) => this.stored(m));
+    this.items.unshift(...added);
+    this.older = older;
+    this.emit("prepend", added);
+  }
+
+  oldestId() {
+    const first = this.items.find((i) => i.messageId);
+    return first ? first.messageId : null;
   }
 
   stored(m) {
