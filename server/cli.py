@@ -15,7 +15,7 @@ import uvicorn
 from server.config import load_settings
 from server.errors import ConfigError
 from server.routing import RouteResolver
-from server.serving import DrainingServer, uvicorn_options
+from server.serving import DrainingServer, redact_logs, uvicorn_options
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -52,4 +52,5 @@ def main(argv: list[str] | None = None) -> None:
     config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level,
                             ws_max_size=16 * 1024 * 1024, ws_per_message_deflate=False,
                             **uvicorn_options(settings.server))
+    redact_logs(profile.api_key for profile in settings.providers.values())
     DrainingServer(config, app).run()

@@ -6,6 +6,9 @@ that trickles in a byte at a time (slowloris); ``guarded_h11`` arms a timer when
 waits for a head (when it opens, and after each response) and closes the transport if the head has
 not arrived when it fires. A connection upgraded to a WebSocket is past its head and left alone.
 
+Every log line passes ``RedactLogs`` on its way out: libraries log what they were given (httpx logs
+each request's URL, ``user:pass@`` included), and the log must hold no credential or provider key.
+
 On SIGTERM ``DrainingServer`` first awaits the app's ``state.drain`` (set by its lifespan: end the
 ``/events`` streams, stop and store every streaming reply), then lets uvicorn close the sockets
 (1012 for WebSockets) with what is left of ``shutdown_grace_seconds``.
@@ -14,9 +17,11 @@ On SIGTERM ``DrainingServer`` first awaits the app's ``state.drain`` (set by its
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import socket
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import h11
@@ -24,6 +29,9 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from server.config import ServerSettings
+from server.providers.redact import redact
+
+LOGGERS = ("", "uvicorn", "uvicorn.error", "uvicorn.access")  # every logger that has handlers
 
 HTTP_HEADROOM = 256  # connections beyond max_connections kept for the page, /api and /events
 MIN_CLOSE_SECONDS = 1  # what uvicorn gets to close sockets however long the drain took
@@ -70,6 +78,42 @@ def guarded_h11(head_timeout: float) -> type[H11Protocol]:
                 self.transport.close()
 
     return GuardedH11Protocol
+
+
+class RedactLogs(logging.Filter):
+    """Keys, tokens and ``user:pass@`` in a record's message and arguments become ``***``. The
+    arguments are redacted one by one, not merged into the message: uvicorn's access formatter
+    reads them by position."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        super().__init__()
+        self.secrets = [secret for secret in secrets if secret]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = redact(record.msg, self.secrets)
+        if isinstance(record.args, tuple):
+            record.args = tuple(self._clean(arg) for arg in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {key: self._clean(value) for key, value in record.args.items()}
+        return True
+
+    def _clean(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return redact(value, self.secrets)
+        if isinstance(value, (int, float, bool)) or value is None:
+            return value
+        text = str(value)  # an object logged with %s (httpx logs the request's URL object)
+        clean = redact(text, self.secrets)
+        return value if clean == text else clean
+
+
+def redact_logs(secrets: Iterable[str]) -> None:
+    """Put ``RedactLogs`` on every handler (after uvicorn has configured its loggers)."""
+    guard = RedactLogs(secrets)
+    for name in LOGGERS:
+        for handler in logging.getLogger(name).handlers:
+            handler.addFilter(guard)
 
 
 class DrainingServer(uvicorn.Server):
