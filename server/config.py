@@ -48,6 +48,10 @@ def required(help: str) -> Any:
     return field(metadata={"help": help})
 
 
+# Server bounds that must be positive (idle_timeout_seconds takes 0 for "never").
+_POSITIVE_SERVER_SETTINGS = ("max_connections", "hello_timeout_seconds", "frame_rate", "frame_burst",
+                             "header_timeout_seconds", "max_header_bytes", "history_page_messages",
+                             "route_cache_entries")
 # Provider limits that must be positive: 0 would mean "never" or "nothing", not "off".
 _POSITIVE_PROVIDER_SETTINGS = ("idle_timeout_seconds", "max_line_bytes", "max_connections",
                                "pool_timeout_seconds")
@@ -352,6 +356,9 @@ def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None
         if key != "rules":
             raise ConfigError(f"classifier.{key}: unknown setting")
     server = _read_section(data, "server", env)
+    for key in _POSITIVE_SERVER_SETTINGS:  # a zero bound would refuse everything, not switch it off
+        if server[key] <= 0:
+            raise ConfigError(f"server.{key}: must be greater than 0, got {server[key]!r}")
     if "METERCHAT_DATA_DIR" in env:
         server["data_dir"] = env["METERCHAT_DATA_DIR"]
     runtime = _read_section(data, "runtime", env)

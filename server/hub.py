@@ -50,6 +50,7 @@ class SessionHub:
         self._pending_restore: set[str] = set()
         self._lock = anyio.Lock()
         self.connections = 0
+        self._retrying: set[str] = set()  # sessions whose refused replies are being retried
 
     # --- the connection cap -------------------------------------------------------------------
 
@@ -168,6 +169,17 @@ class SessionHub:
         with anyio.move_on_after(grace):
             for handle in handles:
                 await handle.done.wait()
+            for session in self.sessions.values():
+                await self._last_try(session)
+
+    async def _last_try(self, session: Session) -> None:
+        if not session.unsaved:
+            return
+        try:
+            await session.save_reply()
+        except StoreUnavailable:
+            log.error("session %s: %d reply(s) not written, the store still refuses writes at shutdown",
+                      session.id, len(session.unsaved))
 
     def deleted(self, session_id: str) -> None:
         """The session was deleted through the API: stop its turn and tell its open tabs."""
@@ -274,7 +286,8 @@ class SessionHub:
         finally:
             session.turn = None
             handle.done.set()
-            if session.unsaved:
+            if session.unsaved and session.id not in self._retrying:
+                self._retrying.add(session.id)
                 self.spawn(self._write_unsaved, session)
         if turn.route != session.route:
             await session.emit_meter(session.route, "done")
@@ -289,11 +302,14 @@ class SessionHub:
     async def _write_unsaved(self, session: Session) -> None:
         """Try the replies the store refused again until it takes them, then say so. A newer turn
         writes them first too, so whichever succeeds first empties ``unsaved``."""
-        while session.unsaved:
-            await anyio.sleep(UNSAVED_RETRY_SECONDS)
-            try:
-                await session.save_reply()
-            except StoreUnavailable:
-                continue
-            session.emit(server_frame("notice", code="store_recovered", message=(
-                "the session store is writable again: the reply it refused is now saved")))
+        try:
+            while session.unsaved:
+                await anyio.sleep(UNSAVED_RETRY_SECONDS)
+                try:
+                    await session.save_reply()
+                except StoreUnavailable:
+                    continue
+                session.emit(server_frame("notice", code="store_recovered", message=(
+                    "the session store is writable again: the reply it refused is now saved")))
+        finally:
+            self._retrying.discard(session.id)

@@ -12,6 +12,8 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
+from server.config import settings_from_mapping
+from server.errors import ConfigError
 from server.history import ChatMessage
 from server.limits import TokenBucket
 from server.routing import RouteResolver
@@ -211,3 +213,10 @@ def test_limits_page_loads_older_history_pages_on_demand(tmp_path):
             assert shown.first.get_attribute("data-message-id") == "m0"
             assert shown.last.get_attribute("data-message-id") == "m24"
         browser.close()
+
+
+@pytest.mark.parametrize("key", ["max_connections", "frame_rate", "frame_burst", "history_page_messages",
+                                 "header_timeout_seconds", "route_cache_entries"])
+def test_limits_a_zero_bound_stops_start_up_naming_the_key(key):
+    with pytest.raises(ConfigError, match=f"server.{key}: must be greater than 0"):
+        settings_from_mapping({"server": {key: 0}}, env={})
