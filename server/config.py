@@ -67,24 +67,19 @@ class ServerSettings:
     coalesce_ms: int = setting(0, "Join chunk frames arriving within this many ms; 0 = off.")
     store_flush_ms: int = setting(250, "How often a streaming reply is written to the store.")
     keep_generating: bool = setting(True, "Keep generating when the browser disconnects.")
-    # Bounds (issue 9): each has a safe default; docs/security.md says what each one guards.
+    # Bounds: each a safe default (issue 9); 0 is refused where it would mean "nothing allowed".
     max_connections: int = setting(2000, "Open /ws connections at once; one more is closed with 1013.")
-    hello_timeout_seconds: float = setting(10.0, "A /ws connection that sends no hello this long is closed.")
-    idle_timeout_seconds: float = setting(
-        3600.0, "A /ws connection with no frame from its client this long (and no reply streaming) "
-        "is closed with 1001; 0 = never.")
+    hello_timeout_seconds: float = setting(10.0, "A /ws connection with no hello this long is closed.")
+    idle_timeout_seconds: float = setting(3600.0, "Close /ws (1001) after this long without a client frame "
+                                          "while no reply streams; 0 = never.")
     frame_rate: float = setting(20.0, "Client frames per second a connection may send (token bucket).")
     frame_burst: int = setting(60, "Client frames a connection may send at once above frame_rate.")
-    header_timeout_seconds: float = setting(
-        10.0, "An HTTP request head (or the next one on a kept-alive connection) must arrive within this.")
+    header_timeout_seconds: float = setting(10.0, "Each HTTP request head must arrive within this.")
     max_header_bytes: int = setting(64 * 1024, "Largest HTTP request head accepted.")
-    shutdown_grace_seconds: float = setting(
-        5.0, "On SIGTERM, wait this long for replies to be written and streams to close, then exit.")
-    history_page_messages: int = setting(
-        200, "Messages per history page (newest first); older ones come on history_before.")
+    shutdown_grace_seconds: float = setting(5.0, "SIGTERM: time to store replies and close streams.")
+    history_page_messages: int = setting(200, "Messages per history page; older ones on history_before.")
     store_busy_ms: int = setting(5000, "How long a store write waits for a locked database.")
-    route_cache_entries: int = setting(
-        512, "Routes (provider/model) whose discovered window and calibration are kept, LRU.")
+    route_cache_entries: int = setting(512, "Routes whose discovered window and calibration are kept (LRU).")
 
 
 @dataclass(frozen=True)
