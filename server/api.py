@@ -81,6 +81,8 @@ async def read_json(request: Request[Any], limit: int) -> Any:
         return json.loads(body)
     except ValueError as exc:
         raise ClientError(f"body: not valid JSON ({exc})") from exc
+    except RecursionError as exc:  # nesting deeper than Python's recursion limit
+        raise ClientError("body: not valid JSON (nested too deeply)") from exc
 
 
 class SessionsApi:

@@ -32,6 +32,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from server.access import AccessGuard, redact_tokens_in_logs
 from server.api import EXCEPTION_HANDLERS, ApiState, OnChange, api_routes, error_body
 from server.config import Settings, load_settings
 from server.connection import Connection
@@ -100,8 +101,9 @@ class AppState(ApiState):
 
 def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or load_settings()
-    # here, not in the lifespan: a bad folder or database stops start-up
-    store = open_store(settings.server.data_dir, settings.server.store_busy_ms)
+    # here, not in the lifespan: a bad folder or an unreachable database stops start-up
+    store = open_store(settings.server.data_dir, settings.store.url, settings.store.pool_size,
+                       settings.store.timeout_seconds)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[AppState]:
@@ -145,6 +147,10 @@ def create_app(settings: Settings | None = None) -> Starlette:
         *api_routes(),
     ], lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
     app.add_middleware(BearerAuth, token=settings.server.auth_token)
+    app.add_middleware(AccessGuard, bind_host=settings.server.host,  # outermost: before auth
+                       allowed_hosts=settings.server.allowed_hosts,
+                       allowed_origins=settings.server.allowed_origins)
+    redact_tokens_in_logs()
     return app
 
 

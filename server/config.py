@@ -4,7 +4,7 @@ The settings dataclasses are the table: each field that is a setting carries its
 help (``setting(...)``, ``required(...)``), and ``SCHEMA`` and the other schemas are read from them,
 so a default is written in one place.
 
-Every scalar setting of ``[server]``, ``[runtime]``, ``[runtime.history_pruning]`` and
+Every scalar setting of ``[server]``, ``[store]``, ``[runtime]``, ``[runtime.history_pruning]`` and
 ``[runtime.compaction]`` can be overridden by ``METERCHAT_<SECTION>_<KEY>`` (dots in the section
 become underscores, e.g. ``METERCHAT_RUNTIME_HISTORY_PRUNING_ENABLED``); ``METERCHAT_DATA_DIR`` and
 ``METERCHAT_DEFAULT_ROUTE`` are short forms. A bad file stops start-up with a ``ConfigError`` naming
@@ -63,7 +63,8 @@ class ServerSettings:
     port: int = setting(8000, "TCP port.")
     data_dir: str = setting("meterchat-data", "Folder of the embedded SQLite store.")
     auth_token: str = setting("", "When set, /ws, /events and /api need this bearer token.")
-    allowed_origins: list[str] = setting([], "Extra Origin values allowed to open /ws.")
+    allowed_hosts: list[str] = setting([], "Extra Host names served (*.example.com matches subdomains).")
+    allowed_origins: list[str] = setting([], "Extra Origin values allowed to open /ws and change /api.")
     coalesce_ms: int = setting(0, "Join chunk frames arriving within this many ms; 0 = off.")
     store_flush_ms: int = setting(250, "How often a streaming reply is written to the store.")
     keep_generating: bool = setting(True, "Keep generating when the browser disconnects.")
@@ -78,8 +79,14 @@ class ServerSettings:
     max_header_bytes: int = setting(64 * 1024, "Largest HTTP request head accepted.")
     shutdown_grace_seconds: float = setting(5.0, "SIGTERM: time to store replies and close streams.")
     history_page_messages: int = setting(200, "Messages per history page; older ones on history_before.")
-    store_busy_ms: int = setting(5000, "How long a store write waits for a locked database.")
     route_cache_entries: int = setting(512, "Routes whose discovered window and calibration are kept (LRU).")
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    url: str = setting("", "postgresql://USER@HOST:PORT/DB for the shared store; empty = SQLite.")
+    pool_size: int = setting(10, "Most PostgreSQL connections one server holds.")
+    timeout_seconds: float = setting(10.0, "How long a write waits (PostgreSQL, or a locked SQLite file).")
 
 
 @dataclass(frozen=True)
@@ -174,6 +181,7 @@ class Settings:
     model_routes: list[ModelRoute]
     classifier_rules: list[ClassifierRule]
     source: str = "embedded default"
+    store: StoreSettings = field(default_factory=StoreSettings)
 
 
 def _setting_type(hint: Any) -> type:
@@ -201,6 +209,7 @@ def _default(f: Field[Any]) -> Any:
 # section -> settings, derived from the dataclasses above (the one place defaults are written).
 SCHEMA: dict[str, tuple[Setting, ...]] = {
     "server": schema_of(ServerSettings),
+    "store": schema_of(StoreSettings),
     "runtime": schema_of(RuntimeSettings),
     "runtime.history_pruning": schema_of(HistoryPruning),
     "runtime.compaction": schema_of(CompactionSettings),
@@ -342,7 +351,7 @@ def check_route(route: str, providers: Mapping[str, ProviderProfile], key: str) 
 def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
                           source: str = "embedded default") -> Settings:
     env = os.environ if env is None else env
-    allowed = {"server", "runtime", "providers", "default_route", "model_routes", "classifier"}
+    allowed = {"server", "store", "runtime", "providers", "default_route", "model_routes", "classifier"}
     for key in data:
         if key not in allowed:
             raise ConfigError(f"{key}: unknown setting")
@@ -380,7 +389,7 @@ def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None
         check_route(route.provider, providers, f"model_routes[{index}].provider")
     rules = [ClassifierRule(**row) for row in _read_list(classifier, "rules", RULE_SCHEMA, "classifier.")]
     return Settings(ServerSettings(**server), RuntimeSettings(**runtime), providers, default_route,
-                    routes, rules, source)
+                    routes, rules, source, StoreSettings(**_read_section(data, "store", env)))
 
 
 def load_settings(path: str | os.PathLike[str] | None = None,

@@ -1,8 +1,8 @@
 """The embedded store: one SQLite file, ``meterchat.sqlite3``, under the data directory.
 
 WAL journal with ``synchronous=NORMAL``: a committed write survives the process being killed
-(SIGKILL included); only a power cut can lose the last few commits. The schema is created on open
-and its version kept in ``schema_version``; a file written by a newer schema stops start-up.
+(SIGKILL included); only a power cut can lose the last few commits. Opening runs the pending schema
+migrations (``server.migrations``); a file written by a newer schema stops start-up.
 
 Threading: one connection, opened with ``check_same_thread=False`` and serialised by a
 ``threading.Lock`` held inside the worker thread that ``anyio.to_thread.run_sync`` runs each call
@@ -10,11 +10,11 @@ in, so the event loop never blocks on the disk and calls from any event loop (a 
 portal, the server's loop) are safe. Messages are turned into rows on the caller's thread before
 the hand-off, so a reply still streaming into a ``ChatMessage`` cannot change under the write.
 
-Faults: an ``OperationalError`` at run time (disk full, read-only, locked past ``busy_ms``) is
-raised as ``StoreUnavailable``, so callers handle one error whatever the backend; the transaction was
-rolled back and the same write may be tried again. At start-up a file that is not a database, fails
-``PRAGMA quick_check``, or cannot be read or written stops start-up with a ``ConfigError`` naming
-the file and the problem.
+Faults: an ``OperationalError`` at run time (disk full, read-only, locked past ``[store]
+timeout_seconds``) is raised as ``StoreUnavailable``, as the PostgreSQL store does, so callers
+handle one error whatever the backend; the transaction was rolled back and the same write may be
+tried again. At start-up a file that is not a database, fails ``PRAGMA quick_check``, or cannot be
+read or written stops start-up with a ``ConfigError`` naming the file and the problem.
 
 Order: each message has a REAL ``position``; append takes ``max + 1`` (positions may be sparse),
 ``insert_message`` takes the midpoint of its neighbours and renumbers the session on the rare day
@@ -36,6 +36,7 @@ import anyio.to_thread
 
 from server.errors import ConfigError, SessionExists, StoreUnavailable, UnknownSession
 from server.history import ChatMessage
+from server.migrations import migrate_sqlite
 from server.store import (
     CALL_FIELDS,
     MESSAGE_FIELDS,
@@ -49,36 +50,13 @@ from server.store import (
     message_to_data,
 )
 
-SCHEMA_VERSION = 1
 FILE_NAME = "meterchat.sqlite3"
 T = TypeVar("T")
 
-# The version-1 schema, written out: a stored table is history, so it is not derived from the code
-# of the day (a new field needs a new schema version). The message columns are the codec's
-# (``server.store.MESSAGE_FIELDS``: flags as INTEGER 0/1, lists as JSON TEXT); the test that reads a
-# version-1 file holds the two together.
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS sessions (
-    id TEXT PRIMARY KEY, title TEXT NOT NULL, route TEXT NOT NULL,
-    created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS messages (
-    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-    id TEXT NOT NULL, position REAL NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
-    tool_calls TEXT, tool_call_id TEXT, images TEXT, name TEXT,
-    breadcrumb INTEGER NOT NULL, summary INTEGER NOT NULL, trimmed INTEGER NOT NULL,
-    excluded TEXT, interrupted INTEGER NOT NULL, turn_id TEXT,
-    PRIMARY KEY (session_id, id));
-CREATE INDEX IF NOT EXISTS messages_order ON messages (session_id, position);
-CREATE TABLE IF NOT EXISTS calls (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-    turn_id TEXT, provider TEXT NOT NULL, model TEXT NOT NULL, route_kind TEXT NOT NULL,
-    input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, tokens_source TEXT NOT NULL,
-    cost_usd REAL, created_at TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS calls_session ON calls (session_id, seq);
-"""
-
+# The tables are the migrations' (``server.migrations``: version 1 is the schema written before
+# migrations, verbatim; a new field needs a new migration). The message columns are the codec's
+# (``server.store.MESSAGE_FIELDS``: flags as INTEGER 0/1, lists as JSON TEXT); the test that reads
+# a version-1 file holds the two together.
 _FIELDS = MESSAGE_FIELDS[1:]  # the columns after (session_id, id, position)
 _INSERT = (f"INSERT INTO messages (session_id, id, position, {', '.join(_FIELDS)}) "
            f"VALUES ({', '.join('?' * (len(_FIELDS) + 3))})")
@@ -137,13 +115,13 @@ class SqliteStore:
         self._clock = _Clock()
 
     @classmethod
-    def open(cls, data_dir: str | Path, busy_ms: int = 5000) -> SqliteStore:
+    def open(cls, data_dir: str | Path, timeout: float = 10.0) -> SqliteStore:
         folder = Path(data_dir)
         path = folder / FILE_NAME
         try:
             folder.mkdir(parents=True, exist_ok=True)
             connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
-                                         timeout=busy_ms / 1000)
+                                         timeout=timeout)
         except (OSError, sqlite3.Error) as exc:
             raise ConfigError(f"{path}: cannot open the database: {_reason(exc)}") from exc
         try:
@@ -364,10 +342,4 @@ def _create(connection: sqlite3.Connection, path: Path) -> None:
     connection.execute("PRAGMA journal_mode = WAL")
     connection.execute("PRAGMA synchronous = NORMAL")
     connection.execute("PRAGMA foreign_keys = ON")
-    connection.executescript(_SCHEMA)
-    row = connection.execute("SELECT MAX(version) FROM schema_version").fetchone()
-    if row[0] is None:
-        connection.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
-    elif row[0] > SCHEMA_VERSION:
-        raise ConfigError(f"{path.name}: written by a newer meterchat (schema {row[0]}, "
-                          f"this one reads up to {SCHEMA_VERSION})")
+    migrate_sqlite(connection, path.name)

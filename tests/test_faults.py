@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed
 from server.errors import StoreUnavailable
 from server.history import ChatMessage
 from server.store_sqlite import FILE_NAME, SqliteStore
-from tests.support import REPO, SHORT_REPLY, client, run_server, serve, slow_settings, text_of
+from tests.support import REPO, SHORT_REPLY, SLOW_DEMO, client, run_server, serve, settings_for, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -85,14 +85,15 @@ async def test_faults_sigterm_stores_the_streaming_reply_closes_streams_and_exit
 
 
 async def test_faults_locked_store_ends_the_turn_with_store_unavailable_and_writes_the_reply_later(tmp_path):
-    settings = slow_settings(tmp_path, store_busy_ms=100, store_flush_ms=50)
+    settings = settings_for(tmp_path, {"providers": {"demo": SLOW_DEMO}, "store": {"timeout_seconds": 0.1}},
+                            store_flush_ms=50)
     database = tmp_path / "data" / "meterchat.sqlite3"
     with serve(settings) as address:
         async with client(address) as c:
             await c.hello()
             frames = await c.start_turn("echo " + " ".join(f"w{n}" for n in range(200)))
             locker = sqlite3.connect(database, isolation_level=None)
-            locker.execute("BEGIN IMMEDIATE")  # another writer holds the lock past store_busy_ms
+            locker.execute("BEGIN IMMEDIATE")  # another writer holds the lock past store.timeout_seconds
             frames += await c.until("error")
             error = frames[-1]
             assert error["code"] == "store_unavailable" and error["retryable"] is True
