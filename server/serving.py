@@ -2,7 +2,7 @@
 and a shutdown that drains the app before uvicorn closes the sockets.
 
 uvicorn times out an idle kept-alive connection only after a response, and never a request head
-that trickles in a byte at a time (slowloris); ``guarded_h11`` arms a timer whenever a connection
+that trickles in a byte at a time (slowloris); ``guarded_http`` arms a timer whenever a connection
 waits for a head (when it opens, and after each response) and closes the transport if the head has
 not arrived when it fires. A connection upgraded to a WebSocket is past its head and left alone.
 
@@ -40,11 +40,20 @@ MIN_CLOSE_SECONDS = 1  # what uvicorn gets to close sockets however long the dra
 def uvicorn_options(server: ServerSettings) -> dict[str, Any]:
     """The ``uvicorn.Config`` options that bound connections, heads and shutdown."""
     return {
-        "http": guarded_h11(server.header_timeout_seconds),
+        "http": guarded_http(server.header_timeout_seconds, server.max_header_bytes),
         "h11_max_incomplete_event_size": server.max_header_bytes,
         "limit_concurrency": server.max_connections + HTTP_HEADROOM,
         "timeout_graceful_shutdown": math.ceil(server.shutdown_grace_seconds),
     }
+
+
+def guarded_http(head_timeout: float, max_head_bytes: int) -> type[asyncio.Protocol]:
+    """The HTTP protocol uvicorn would pick (httptools where installed, else h11) with a deadline
+    on every request head; httptools also gets the head size bound h11 has built in."""
+    try:
+        return guarded_httptools(head_timeout, max_head_bytes)
+    except ImportError:  # no httptools here (pyproject installs it where it builds)
+        return guarded_h11(head_timeout)
 
 
 def guarded_h11(head_timeout: float) -> type[H11Protocol]:
@@ -78,6 +87,52 @@ def guarded_h11(head_timeout: float) -> type[H11Protocol]:
                 self.transport.close()
 
     return GuardedH11Protocol
+
+
+def guarded_httptools(head_timeout: float, max_head_bytes: int) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol with a deadline and a size bound on every request head."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # needs httptools
+
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        _head_timer: asyncio.TimerHandle | None = None
+        _head_bytes: int | None = None  # bytes of the head awaited so far; None once it arrived
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._head_bytes is not None:
+                self._head_bytes += len(data)
+                if self._head_bytes > max_head_bytes:
+                    self.transport.close()
+                    return
+            super().data_received(data)
+
+        def on_headers_complete(self) -> None:
+            self._head_bytes = None
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()  # a kept-alive connection waits for its next head under the same deadline
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            self._head_bytes = 0
+            self._head_timer = self.loop.call_later(head_timeout, self._head_overdue)
+
+        def _head_overdue(self) -> None:
+            if self._head_bytes is not None and not self.transport.is_closing():
+                self.transport.close()
+
+    return GuardedHttpToolsProtocol
 
 
 class RedactLogs(logging.Filter):

@@ -15,8 +15,10 @@ from websockets.exceptions import ConnectionClosed
 from server.config import settings_from_mapping
 from server.errors import ConfigError
 from server.history import ChatMessage
+from server.app import create_app
 from server.limits import TokenBucket
 from server.routing import RouteResolver
+from server.serving import guarded_h11, guarded_httptools
 from server.store_sqlite import SqliteStore
 from tests.support import SHORT_REPLY, client, run_server, serve, settings_for, slow_settings
 
@@ -146,12 +148,25 @@ def head_refused(url: str, size: int) -> bool:
 
 
 def test_limits_slowloris_header_is_cut_off_by_header_timeout(tmp_path):
+    """Through ``python -m server``: the cli serves with the guarded parser."""
     config = tmp_path / "meterchat.toml"
     config.write_text(f'[server]\ndata_dir = "{tmp_path / "data"}"\nheader_timeout_seconds = 1.0\n')
     with run_server(config) as running:
         closed_after = trickle_until_closed(running.address, pace=0.2, budget=8.0)
-        refused = head_refused(running.url, 1_000_000)
         assert httpx.get(f"{running.url}/healthz").status_code == 200  # a prompt client is served
+    assert closed_after is not None and 0.8 < closed_after < 4.0
+
+
+@pytest.mark.parametrize("guarded", [lambda: guarded_h11(1.0), lambda: guarded_httptools(1.0, 65536)],
+                         ids=["h11", "httptools"])
+def test_limits_each_http_parser_bounds_request_heads(tmp_path, guarded):
+    with run_server(create_app(settings_for(tmp_path)), http=guarded(), h11_max_incomplete_event_size=65536,
+                    timeout_keep_alive=30) as running:
+        closed_after = trickle_until_closed(running.address, pace=0.2, budget=8.0)
+        refused = head_refused(running.url, 1_000_000)
+        with httpx.Client() as http:  # a kept-alive connection's next head has the same deadline
+            assert http.get(f"{running.url}/healthz").status_code == 200
+            assert http.get(f"{running.url}/healthz").status_code == 200
     assert closed_after is not None and 0.8 < closed_after < 4.0
     assert refused  # a head over max_header_bytes is refused
 
