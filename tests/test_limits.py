@@ -12,10 +12,10 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
+from server.app import create_app
 from server.config import settings_from_mapping
 from server.errors import ConfigError
 from server.history import ChatMessage
-from server.app import create_app
 from server.limits import TokenBucket
 from server.routing import RouteResolver
 from server.serving import guarded_h11, guarded_httptools
