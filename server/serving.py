@@ -31,7 +31,10 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from server.config import ServerSettings
 from server.providers.redact import redact
 
-LOGGERS = ("", "uvicorn", "uvicorn.error", "uvicorn.access")  # every logger that has handlers
+# The handlers of the root logger (the app's and libraries' lines) and of uvicorn's error log. The
+# access log has its own handler and server.access's ?token= redaction: a request line names a path
+# of this server, never a provider's URL or key.
+LOGGERS = ("", "uvicorn", "uvicorn.error")
 
 HTTP_HEADROOM = 256  # connections beyond max_connections kept for the page, /api and /events
 MIN_CLOSE_SECONDS = 1  # what uvicorn gets to close sockets however long the drain took
