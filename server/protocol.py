@@ -60,6 +60,17 @@ ENUMS: dict[tuple[str, str], tuple[str, ...]] = {
     ("notice", "code"): NOTICE_CODES,
 }
 
+# What a reload restores and what versions need (issue 10 item 3, issue 12), added to v1 as optional
+# fields and two frames; kept apart from the tables above so edits to those merge cleanly.
+CLIENT_FRAMES["message"] += ("edit_of?",)
+CLIENT_FRAMES["preview_edit"] = ("turn_id",)
+SERVER_FRAMES["history"] += ("trims?", "turn_in_flight?")
+SERVER_FRAMES["accepted"] += ("retry_of?", "edit_of?", "created_at?", "image_urls?")
+SERVER_FRAMES["done"] += ("created_at?",)
+SERVER_FRAMES["turns_set_aside"] = ("turn_ids", "reason")
+EDIT_PREVIEW = "edit_preview"  # a context frame answering preview_edit, for the asking client only
+ENUMS[("context", "reason")] = (*CONTEXT_REASONS, EDIT_PREVIEW)
+
 
 @dataclass(frozen=True)
 class ImagePayload:

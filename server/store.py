@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import UnionType
 from typing import Any, Protocol, Union, get_args, get_origin, get_type_hints
@@ -64,6 +65,7 @@ class StoredSession:
     updated_at: str
     messages: list[ChatMessage] = field(default_factory=list)
     calls: list[CallRecord] = field(default_factory=list)
+    trims: list[dict[str, Any]] = field(default_factory=list)  # history_trimmed fields, oldest first
 
 
 class Store(Protocol):
@@ -91,7 +93,23 @@ class Store(Protocol):
 
     async def record_call(self, session_id: str, call: CallRecord) -> None: ...
 
+    async def record_trim(self, session_id: str, trim: Mapping[str, Any]) -> None: ...
+
     async def import_session(self, session: StoredSession) -> None: ...
+
+
+class Clock:
+    """UTC ISO-8601 timestamps, strictly increasing within a store so "newest first" is exact."""
+
+    def __init__(self) -> None:
+        self._last = datetime.fromtimestamp(0, UTC)
+
+    def now(self) -> str:
+        current = datetime.now(UTC)
+        if current <= self._last:
+            current = self._last + timedelta(microseconds=1)
+        self._last = current
+        return current.isoformat(timespec="microseconds")
 
 
 def open_store(data_dir: str | Path, url: str = "", pool_size: int = 10, timeout: float = 10.0) -> Store:

@@ -16,7 +16,7 @@ Order: as in the SQLite store, a ``position`` float per message; append takes ``
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -32,13 +32,13 @@ from server.migrations import migrate_postgres
 from server.store import (
     CALL_FIELDS,
     CallRecord,
+    Clock,
     SessionSummary,
     StoredSession,
     call_to_data,
     message_from_data,
     message_to_data,
 )
-from server.store_sqlite import _Clock  # one clock for both stores' timestamps
 
 Conn = psycopg.AsyncConnection[Any]
 Row = tuple[Any, ...]
@@ -86,7 +86,7 @@ class PostgresStore:
                                          timeout=timeout, name="meterchat", configure=_configure,
                                          check=AsyncConnectionPool.check_connection)
         self._opened = False
-        self._clock = _Clock()
+        self._clock = Clock()
 
     @classmethod
     def open(cls, url: str, pool_size: int = 10, timeout: float = CONNECT_SECONDS) -> PostgresStore:
@@ -155,9 +155,13 @@ class PostgresStore:
             calls = await (await conn.execute(
                 f"SELECT {', '.join(CALL_FIELDS)} FROM calls WHERE session_id = %s ORDER BY seq",
                 (session_id,))).fetchall()
+            trims = await (await conn.execute(
+                "SELECT data, created_at FROM trims WHERE session_id = %s ORDER BY seq",
+                (session_id,))).fetchall()
         session_id, title, route, created_at, updated_at = head
         return StoredSession(session_id, title, route, created_at, updated_at,
-                             [message_from_data(row[0]) for row in rows], [CallRecord(*row) for row in calls])
+                             [message_from_data(row[0]) for row in rows], [CallRecord(*row) for row in calls],
+                             [{**data, "created_at": at} for data, at in trims])
 
     async def get_summary(self, session_id: str) -> SessionSummary | None:
         rows = await self._query(_SUMMARY + " WHERE s.id = %s", (session_id,))
@@ -251,6 +255,13 @@ class PostgresStore:
         now = await self._touch(conn, session_id)
         async with conn.cursor() as cursor:
             await cursor.executemany(_INSERT_CALL, [(session_id, *_call_row(call, now)) for call in calls])
+
+    async def record_trim(self, session_id: str, trim: Mapping[str, Any]) -> None:
+        """Keep a ``history_trimmed`` event (its fields) so a reload shows the notice again."""
+        async with self._transaction() as conn:
+            now = await self._touch(conn, session_id)
+            await conn.execute("INSERT INTO trims (session_id, data, created_at) VALUES (%s, %s, %s)",
+                               (session_id, Json(dict(trim)), now))
 
     async def import_session(self, session: StoredSession) -> None:
         """Write a whole session (from an export) at once; its id must be new."""

@@ -26,8 +26,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,6 +42,7 @@ from server.store import (
     MESSAGE_FLAGS,
     MESSAGE_LISTS,
     CallRecord,
+    Clock,
     SessionSummary,
     StoredSession,
     call_to_data,
@@ -91,20 +91,6 @@ def _message(row: Row) -> ChatMessage:
     return message_from_data(data)
 
 
-class _Clock:
-    """UTC ISO-8601 timestamps, strictly increasing within a store so "newest first" is exact."""
-
-    def __init__(self) -> None:
-        self._last = datetime.fromtimestamp(0, UTC)
-
-    def now(self) -> str:
-        current = datetime.now(UTC)
-        if current <= self._last:
-            current = self._last + timedelta(microseconds=1)
-        self._last = current
-        return current.isoformat(timespec="microseconds")
-
-
 class SqliteStore:
     """The ``server.store.Store`` contract on one SQLite file; build it with ``open_store``."""
 
@@ -112,7 +98,7 @@ class SqliteStore:
         self.path = path
         self._conn = connection
         self._lock = threading.Lock()
-        self._clock = _Clock()
+        self._clock = Clock()
 
     @classmethod
     def open(cls, data_dir: str | Path, timeout: float = 10.0) -> SqliteStore:
@@ -197,10 +183,12 @@ class SqliteStore:
             calls = [CallRecord(*row) for row in self._conn.execute(
                 f"SELECT {', '.join(CALL_FIELDS)} FROM calls WHERE session_id = ? ORDER BY seq",
                 (session_id,))]
+            trims = [{**json.loads(data), "created_at": at} for data, at in self._conn.execute(
+                "SELECT data, created_at FROM trims WHERE session_id = ? ORDER BY seq", (session_id,))]
         finally:
             self._conn.execute("COMMIT")
         session_id, title, route, created_at, updated_at = head
-        return StoredSession(session_id, title, route, created_at, updated_at, messages, calls)
+        return StoredSession(session_id, title, route, created_at, updated_at, messages, calls, trims)
 
     async def get_summary(self, session_id: str) -> SessionSummary | None:
         row = await self._call(self._query_one, _SUMMARY + " WHERE s.id = ?", (session_id,))
@@ -289,6 +277,15 @@ class SqliteStore:
             f"INSERT INTO calls (session_id, {', '.join(CALL_FIELDS)}) "
             f"VALUES ({', '.join('?' * (len(CALL_FIELDS) + 1))})",
             [(session_id, *_call_row(call, now)) for call in calls])
+
+    async def record_trim(self, session_id: str, trim: Mapping[str, Any]) -> None:
+        """Keep a ``history_trimmed`` event (its fields) so a reload shows the notice again."""
+        await self._call(self._write, self._put_trim, session_id, _json(dict(trim)))
+
+    def _put_trim(self, session_id: str, data: str) -> None:
+        now = self._touch(session_id)
+        self._conn.execute("INSERT INTO trims (session_id, data, created_at) VALUES (?, ?, ?)",
+                           (session_id, data, now))
 
     async def import_session(self, session: StoredSession) -> None:
         """Write a whole session (from an export) at once; its id must be new."""

@@ -44,7 +44,7 @@ from server.providers.base import (
 from server.reply import ReplyWriter, Step
 from server.routing import Route
 from server.runtime import Runtime
-from server.session import Session
+from server.session import Session, utc_now
 from server.store import CallRecord
 from server.tools import run_tool
 
@@ -85,6 +85,7 @@ class Turn:
         self.totals = Totals()
         self.writer = ReplyWriter(turn_id, rt.settings.server.store_flush_ms / 1000)
         self.final_text = ""
+        self.final_at: str | None = None  # when the final reply began: the page's hover time
 
     # --- frames -------------------------------------------------------------------------------
 
@@ -216,6 +217,7 @@ class Turn:
                 await self.session.save_reply(self.writer.flush())
         elif isinstance(event, ThinkingDelta):
             self.emit("thinking", turn_id=self.turn_id, content=event.text)
+            self.writer.think(event.text)
         elif isinstance(event, ToolCallEvent):
             result.tool_calls.append(ToolCall(event.id, event.name, event.arguments))
         elif isinstance(event, Usage):
@@ -235,9 +237,10 @@ class Turn:
             calibration.observe(self.route, reading.estimate, usage.input_tokens)
         cost = self.rt.resolver.cost(self.route, usage.input_tokens, usage.output_tokens)
         self.add_to_totals(usage, cost)
-        await self.rt.store.record_call(self.session.id, CallRecord(
-            self.turn_id, self.route.provider, self.route.model, self.route.kind, usage.input_tokens,
-            usage.output_tokens, "provider", cost))
+        call = CallRecord(self.turn_id, self.route.provider, self.route.model, self.route.kind,
+                          usage.input_tokens, usage.output_tokens, "provider", cost)
+        self.session.calls.append(call)  # a reload shows the turn's route, usage and cost from these
+        await self.rt.store.record_call(self.session.id, call)
         await self.emit_meter("usage", reading, reported=usage.input_tokens)
 
     def add_to_totals(self, usage: Usage, cost: float | None) -> None:
@@ -265,6 +268,7 @@ class Turn:
         if message is None:  # an empty reply was never stored: nothing to keep
             return
         self.final_text = "" if message.tool_calls else message.content
+        self.final_at = message.created_at
         await self.session.save_reply(message)
 
     async def run_tools(self, calls: list[ToolCall]) -> None:
@@ -287,4 +291,5 @@ class Turn:
         self.emit("done", turn_id=self.turn_id, full_response=self.final_text, input_tokens=t.input_tokens,
                   output_tokens=t.output_tokens, last_input_tokens=t.last_input_tokens,
                   provider=self.route.provider, model=self.route.model, max_context_tokens=budget,
-                  model_context_window=capacity.window, cost_usd=t.cost_usd)
+                  model_context_window=capacity.window, cost_usd=t.cost_usd,
+                  created_at=self.final_at or utc_now())
