@@ -81,6 +81,7 @@ class Session:
         self._streamed: ChatMessage | None = None
         self.anchors: dict[str, Anchor] = {}  # route name -> the provider's last count on it
         self.stored = True  # False for a new session until its first message is stored
+        self.unsaved: dict[str, ChatMessage] = {}  # replies the store refused, written when it recovers
         self.ledger = HistoryLedger(self._scan(), image_token_cost=image_token_cost)
 
     @property
@@ -174,6 +175,18 @@ class Session:
         if streamed is None:
             self.transcript.append(message)
         self.ledger.append(message)
+
+    async def save_reply(self, *messages: ChatMessage) -> None:
+        """Write ``messages`` with any the store refused before. While the store is unavailable
+        they stay in ``unsaved`` (in memory, in the transcript) and ``StoreUnavailable`` is raised;
+        the next save that succeeds writes them all."""
+        for message in messages:
+            self.unsaved[message.id] = message
+        pending = list(self.unsaved.values())
+        await self.store.save_messages(self.id, pending)
+        for message in pending:
+            if self.unsaved.get(message.id) is message:
+                del self.unsaved[message.id]
 
     # --- operations on the marks --------------------------------------------------------------
 

@@ -21,7 +21,14 @@ from typing import Any
 
 from server.calibration import plausible
 from server.compaction_runner import Compaction, NoCompaction
-from server.errors import CapacityExceeded, ContextOverflow, HistoryUnfit, MeterchatError, error_frame
+from server.errors import (
+    CapacityExceeded,
+    ContextOverflow,
+    HistoryUnfit,
+    MeterchatError,
+    StoreUnavailable,
+    error_frame,
+)
 from server.history import ChatMessage, ToolCall, estimate_history_tokens
 from server.history_trim import REASON_OVERFLOW, TrimReport, cap_tool_result, recovery_budget, sweep_orphans
 from server.meter import Reading, next_anchor
@@ -164,19 +171,23 @@ class Turn:
             # Kept in the transcript but not sent again, so one oversized message cannot block
             # every later turn when proactive trimming is off.
             await self.session.set_aside(self.turn_id, SET_ASIDE_UNFIT)
-            await self.end(error_frame(exc, turn_id=self.turn_id))
+            self.session.emit(error_frame(exc, turn_id=self.turn_id))
         except MeterchatError as exc:
             await self.fail(exc)
         except Exception as exc:  # a bug must not take the session down; the user is told
             log.exception("turn %s of session %s failed", self.turn_id, self.session.id)
             await self.fail(exc)
         else:
-            await self.finish_reply(interrupted=False)
+            try:
+                await self.finish_reply(interrupted=False)
+            except StoreUnavailable as exc:  # the reply is complete, only its write waits
+                self.session.emit(error_frame(exc, turn_id=self.turn_id))
+                return
             await self.end(await self.done_frame())
 
     async def end(self, frame: dict[str, Any]) -> None:
-        """The meter shows the next send (the reply just written included) before the turn's last
-        frame, so a client that waits for ``done`` or ``error`` already has it."""
+        """The meter shows the next send (the reply just written included) before ``done``, so a
+        client that waits for ``done`` already has it. (A failed turn ends with its error alone.)"""
         try:
             await self.session.emit_meter(self.session.route, "done")
         except Exception:  # the store may be what failed (learned windows are read from it)
@@ -186,11 +197,14 @@ class Turn:
 
     async def fail(self, exc: Exception) -> None:
         """Keep the reply, marked interrupted, and tell the clients, even when the store refuses
-        the mark: the error that ended the turn may be the store's own (a lost database)."""
+        the mark: the error that ended the turn may be the store's own (the reply then waits in
+        ``Session.unsaved``)."""
         try:
             await self.finish_reply(interrupted=True)
+        except StoreUnavailable:
+            pass  # the reply waits in Session.unsaved; the hub writes it when the store recovers
         finally:
-            await self.end(error_frame(exc, turn_id=self.turn_id))
+            self.session.emit(error_frame(exc, turn_id=self.turn_id))
 
     async def loop(self) -> None:
         limit = self.options.max_tool_iterations
@@ -252,7 +266,7 @@ class Turn:
             if step is Step.JOIN:  # in the transcript at once (snapshots), in the store soon
                 self.session.join_reply(self.writer)
             elif step is Step.FLUSH:
-                await self.rt.store.save_messages(self.session.id, [self.writer.flush()])
+                await self.session.save_reply(self.writer.flush())
         elif isinstance(event, ThinkingDelta):
             self.emit("thinking", turn_id=self.turn_id, content=event.text)
             self.writer.think(event.text)
@@ -307,9 +321,9 @@ class Turn:
         self.session.settle_reply(message)
         if message is None:  # an empty reply was never stored: nothing to keep
             return
-        await self.rt.store.save_messages(self.session.id, [message])
         self.final_text = "" if message.tool_calls else message.content
         self.final_at = message.created_at
+        await self.session.save_reply(message)
 
     async def run_tools(self, calls: list[ToolCall]) -> None:
         await self.finish_reply(interrupted=False, tool_calls=calls)  # a reply asking for tools is complete
