@@ -60,7 +60,10 @@ class ServerSettings:
     data_dir: str = setting("meterchat-data", "Folder of the embedded SQLite store.")
     auth_token: str = setting("", "When set, /ws, /events and /api need this bearer token.")
     allowed_origins: list[str] = setting([], "Extra Origin values allowed to open /ws.")
-    coalesce_ms: int = setting(0, "Join chunk frames arriving within this many ms; 0 = off.")
+    coalesce_ms: int = setting(0, "Wait this many ms to join chunk frames; 0 = no wait (chunks that "
+                               "pile up while the server is busy are joined anyway).")
+    max_outbox_bytes: int = setting(8 * 1024 * 1024, "A client this many bytes behind is closed (1008); "
+                                    "it resumes by seq when it reconnects.")
     store_flush_ms: int = setting(250, "How often a streaming reply is written to the store.")
     keep_generating: bool = setting(True, "Keep generating when the browser disconnects.")
 
