@@ -147,7 +147,8 @@ async def main(sessions: int, turns: int, chunks: int, coalesce_ms: int) -> None
     b = report("bare relay (starlette+httpx)", *bare, total)
     s = report("meterchat", *served, total)
     print(f"meterchat CPU per chunk: {s - b:+.1f} us over the bare relay; ratio {s / b:.2f}x")
-    print(f"turn p50 ratio meterchat / bare: {statistics.median(served[1]) / statistics.median(bare[1]):.2f}x")
+    ratio = statistics.median(served[1]) / statistics.median(bare[1])
+    print(f"turn p50 ratio meterchat / bare: {ratio:.2f}x")
 
 
 if __name__ == "__main__":

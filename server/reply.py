@@ -33,6 +33,9 @@ class ReplyWriter:
         self.flush_seconds = flush_seconds
         self._clock = clock
         self._message: ChatMessage | None = None
+        # The text is joined incrementally: a flush joins only the pieces since the last one,
+        # not the whole reply again, and a long reply does not keep one object per piece.
+        self._text = ""
         self._parts: list[str] = []
         self._flushed_at = 0.0
 
@@ -54,7 +57,10 @@ class ReplyWriter:
 
     def current(self) -> ChatMessage | None:
         if self._message is not None:
-            self._message.set_content("".join(self._parts))
+            if self._parts:
+                self._text += "".join(self._parts)
+                self._parts.clear()
+            self._message.set_content(self._text)
         return self._message
 
     def flush(self) -> ChatMessage:
@@ -72,7 +78,7 @@ class ReplyWriter:
         message = self.current()
         if message is None and tool_calls:
             message = ChatMessage("assistant", "", turn_id=self.turn_id)
-        self._message, self._parts = None, []
+        self._message, self._text, self._parts = None, "", []
         if message is None:
             return None
         message.interrupted = interrupted
