@@ -1,15 +1,17 @@
 """Server CPU per streamed chunk, meterchat against a bare relay, each in its own process as a user
 runs it: a fake OpenAI-style provider, the server under test and the clients (this script).
 
-    python bench/stream.py [--sessions 1] [--turns 40] [--chunks 200] [--coalesce-ms 0] [--quick]
+    python bench/stream.py [--sessions 1] [--turns 40] [--chunks 200] [--pace-ms 0] [--coalesce-ms 0]
+                           [--quick]
 
 Baseline, measured in the same run: a bare Starlette + httpx relay written here (fake -> httpx ->
 SSE lines -> one WebSocket text frame per delta), the stack with no meterchat code in it. For each
 server the script reads the process's CPU time (user + system, from /proc) before and after the
 clients' turns and prints the CPU per chunk, the wall time per turn (p50/p90) and the ratios
 meterchat / bare. ``--sessions`` runs that many clients at once (each its own session), so chunks
-pile up while the loop is busy. Nothing is asserted. ``--quick`` runs 3 turns of 50 chunks (about
-a second), to check the bench still runs.
+pile up while the loop is busy. ``--pace-ms`` spaces the fake's pieces (20 = 50 tokens/s), so
+replies last long enough for the 250 ms store flushes to count. Nothing is asserted. ``--quick``
+runs 3 turns of 50 chunks (about a second), to check the bench still runs.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from tests.support import Running, client, run_server  # noqa: E402
 
 
-def serve_fake(chunks: int) -> None:
+def serve_fake(chunks: int, pace_ms: int) -> None:
     """Child process: the fake provider, answering every chat with ``chunks`` pieces."""
     import uvicorn
 
@@ -42,7 +44,7 @@ def serve_fake(chunks: int) -> None:
 
     fake = FakeOpenAI()
     pieces = [f"w{i} " for i in range(chunks)]
-    fake.default = lambda body: Reply(text=pieces, usage=(100, chunks))
+    fake.default = lambda body: Reply(text=pieces, usage=(100, chunks), delay=pace_ms / 1000)
     # info: run_server reads the port from uvicorn's "running on" line
     uvicorn.run(fake.app(), host="127.0.0.1", port=0, log_level="info", access_log=False)
 
@@ -134,16 +136,17 @@ def report(name: str, cpu: float, walls: list[float], chunks: int) -> float:
     return per_chunk
 
 
-async def main(sessions: int, turns: int, chunks: int, coalesce_ms: int) -> None:
+async def main(sessions: int, turns: int, chunks: int, coalesce_ms: int, pace_ms: int = 0) -> None:
     total = sessions * turns * chunks
-    with run_server([__file__, "--serve-fake", "--chunks", str(chunks)]) as fake:
+    with run_server([__file__, "--serve-fake", "--chunks", str(chunks), "--pace-ms", str(pace_ms)]) as fake:
         with run_server([__file__, "--serve-relay", fake.url]) as relay:
             bare = await measure(relay, bare_session, sessions, turns)
         with tempfile.TemporaryDirectory() as tmp, \
                 run_server(config(Path(tmp), fake.url, coalesce_ms)) as server:
             served = await measure(server, served_session, sessions, turns)
     print(f"{sessions} sessions x {turns} turns x {chunks} chunks ({total:,} chunks), "
-          f"coalesce_ms={coalesce_ms}; fake, server and clients in three processes on 127.0.0.1")
+          f"pace {pace_ms} ms, coalesce_ms={coalesce_ms}; fake, server and clients in three processes "
+          "on 127.0.0.1")
     b = report("bare relay (starlette+httpx)", *bare, total)
     s = report("meterchat", *served, total)
     print(f"meterchat CPU per chunk: {s - b:+.1f} us over the bare relay; ratio {s / b:.2f}x")
@@ -157,15 +160,16 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=40)
     parser.add_argument("--chunks", type=int, default=200)
     parser.add_argument("--coalesce-ms", type=int, default=0)
+    parser.add_argument("--pace-ms", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a short run: does the bench still work")
     parser.add_argument("--serve-fake", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--serve-relay", metavar="FAKE_URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_fake:
-        serve_fake(args.chunks)
+        serve_fake(args.chunks, args.pace_ms)
     elif args.serve_relay:
         serve_relay(args.serve_relay)
     elif args.quick:
         anyio.run(main, 1, 3, 50, args.coalesce_ms)
     else:
-        anyio.run(main, args.sessions, args.turns, args.chunks, args.coalesce_ms)
+        anyio.run(main, args.sessions, args.turns, args.chunks, args.coalesce_ms, args.pace_ms)
