@@ -2,9 +2,12 @@
 
 Each turn's ``ReplyWriter`` still decides when its reply is due in the store (every
 ``store_flush_ms``); the turn hands the message to the flusher (``due``, no await on the chunk path)
-instead of writing it itself. One task writes whatever is due in one ``Store.save_batch`` call; what
-falls due while that write runs forms the next batch, so a busy server makes fewer, larger
-transactions and an idle one writes at once. The task exists only while something is pending.
+instead of writing it itself. One task writes whatever fell due within a tick (``TICK_SECONDS``) in one
+``Store.save_batch`` call (one transaction); what falls due meanwhile forms the next batch. A flush
+is a checkpoint every ``store_flush_ms``, so a tick more before it is written costs nothing a user
+sees, and at a few hundred streaming sessions one transaction replaces dozens (measured: 17 us of
+CPU per reply flushed in a batch of 100, 135 us alone). The task exists only while something is
+pending.
 
 ``settle(session_id)`` is called before a reply's final save: it forgets the session's pending
 flush and waits for a batch in flight, so a flush taken before the reply ended can never land after
@@ -22,6 +25,8 @@ from server.history import ChatMessage
 from server.store import Store
 
 log = logging.getLogger(__name__)
+
+TICK_SECONDS = 0.05
 
 
 class Flusher:
@@ -47,9 +52,11 @@ class Flusher:
     async def _drain(self) -> None:
         try:
             while self._pending:
+                await anyio.sleep(TICK_SECONDS)  # let the flushes of other sessions join this batch
                 batch, self._pending = self._pending, {}
-                async with self._writing:
-                    await self._write(batch)
+                if batch:  # every reply in it may have settled during the tick
+                    async with self._writing:
+                        await self._write(batch)
         finally:
             self._running = False
 
