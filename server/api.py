@@ -31,12 +31,14 @@ from starlette.routing import Route
 
 from server.errors import ClientError, SessionExists, TooLarge, UnknownSession
 from server.export import from_json, to_json, to_markdown
+from server.protocol import echo
 from server.store import SessionSummary, Store
 
 OnChange = Callable[[str, str], Awaitable[None]]
 MAX_IMPORT_BYTES = 32 * 1024 * 1024  # a long session with a few images
 MAX_PATCH_BYTES = 64 * 1024
 MAX_TITLE_CHARS = 200
+MAX_ID_CHARS = 200  # longer than any id this server makes or imports
 _STATUS = ((UnknownSession, 404), (SessionExists, 409), (TooLarge, 413), (ClientError, 400))
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,8 @@ async def read_json(request: Request[Any], limit: int) -> Any:
         return json.loads(body)
     except ValueError as exc:
         raise ClientError(f"body: not valid JSON ({exc})") from exc
+    except RecursionError as exc:  # nesting deeper than Python's recursion limit
+        raise ClientError("body: not valid JSON (nested too deeply)") from exc
 
 
 class SessionsApi:
@@ -92,17 +96,17 @@ class SessionsApi:
         return JSONResponse([summary.to_dict() for summary in await store.list_sessions()])
 
     async def get(self, request: ApiRequest) -> Response:
-        return JSONResponse((await _summary(request, request.path_params["session_id"])).to_dict())
+        return JSONResponse((await _summary(request, _session_id(request))).to_dict())
 
     async def rename(self, request: ApiRequest) -> Response:
-        session_id = request.path_params["session_id"]
+        session_id = _session_id(request)
         title = _title(await read_json(request, MAX_PATCH_BYTES))
         await request.state["store"].rename_session(session_id, title)
         await _changed(request, session_id, "renamed")
         return JSONResponse((await _summary(request, session_id)).to_dict())
 
     async def delete(self, request: ApiRequest) -> Response:
-        session_id = request.path_params["session_id"]
+        session_id = _session_id(request)
         await request.state["store"].delete_session(session_id)
         await _changed(request, session_id, "deleted")
         return Response(status_code=204)
@@ -110,11 +114,11 @@ class SessionsApi:
     async def export(self, request: ApiRequest) -> Response:
         kind = request.query_params.get("format", "json")
         if kind not in ("md", "json"):
-            raise ClientError(f"format: expected md or json, got {kind!r}")
-        session_id = request.path_params["session_id"]
+            raise ClientError(f"format: expected md or json, got {echo(kind)}")
+        session_id = _session_id(request)
         session = await request.state["store"].get_session(session_id)
         if session is None:
-            raise UnknownSession(f"no session {session_id!r}")
+            raise UnknownSession(f"no session {echo(session_id)}")
         filename = _filename(session.title, session_id, kind)
         headers = {"Content-Disposition": f'attachment; filename="{filename}"'}
         if kind == "md":
@@ -129,10 +133,19 @@ class SessionsApi:
         return JSONResponse({"session_id": session.id}, status_code=201)
 
 
+def _session_id(request: ApiRequest) -> str:
+    """The path's session id; one longer than any id this server makes names no session (and is
+    never quoted back whole by the store's errors)."""
+    session_id: str = request.path_params["session_id"]
+    if len(session_id) > MAX_ID_CHARS:
+        raise UnknownSession(f"no session {echo(session_id)}")
+    return session_id
+
+
 async def _summary(request: ApiRequest, session_id: str) -> SessionSummary:
     summary = await request.state["store"].get_summary(session_id)
     if summary is None:
-        raise UnknownSession(f"no session {session_id!r}")
+        raise UnknownSession(f"no session {echo(session_id)}")
     return summary
 
 

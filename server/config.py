@@ -4,7 +4,7 @@ The settings dataclasses are the table: each field that is a setting carries its
 help (``setting(...)``, ``required(...)``), and ``SCHEMA`` and the other schemas are read from them,
 so a default is written in one place.
 
-Every scalar setting of ``[server]``, ``[runtime]``, ``[runtime.history_pruning]`` and
+Every scalar setting of ``[server]``, ``[store]``, ``[runtime]``, ``[runtime.history_pruning]`` and
 ``[runtime.compaction]`` can be overridden by ``METERCHAT_<SECTION>_<KEY>`` (dots in the section
 become underscores, e.g. ``METERCHAT_RUNTIME_HISTORY_PRUNING_ENABLED``); ``METERCHAT_DATA_DIR`` and
 ``METERCHAT_DEFAULT_ROUTE`` are short forms. A bad file stops start-up with a ``ConfigError`` naming
@@ -59,13 +59,21 @@ class ServerSettings:
     port: int = setting(8000, "TCP port.")
     data_dir: str = setting("meterchat-data", "Folder of the embedded SQLite store.")
     auth_token: str = setting("", "When set, /ws, /events and /api need this bearer token.")
-    allowed_origins: list[str] = setting([], "Extra Origin values allowed to open /ws.")
+    allowed_hosts: list[str] = setting([], "Extra Host names served (*.example.com matches subdomains).")
+    allowed_origins: list[str] = setting([], "Extra Origin values allowed to open /ws and change /api.")
     coalesce_ms: int = setting(0, "Wait this many ms to join chunk frames; 0 = no wait (chunks that "
                                "pile up while the server is busy are joined anyway).")
     max_outbox_bytes: int = setting(8 * 1024 * 1024, "A client this many bytes behind is closed (1008); "
                                     "it resumes by seq when it reconnects.")
     store_flush_ms: int = setting(250, "How often a streaming reply is written to the store.")
     keep_generating: bool = setting(True, "Keep generating when the browser disconnects.")
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    url: str = setting("", "postgresql://USER@HOST:PORT/DB for the shared store; empty = SQLite.")
+    pool_size: int = setting(10, "Most PostgreSQL connections one server holds.")
+    timeout_seconds: float = setting(10.0, "How long a write waits for PostgreSQL before failing.")
 
 
 @dataclass(frozen=True)
@@ -160,6 +168,7 @@ class Settings:
     model_routes: list[ModelRoute]
     classifier_rules: list[ClassifierRule]
     source: str = "embedded default"
+    store: StoreSettings = field(default_factory=StoreSettings)
 
 
 def _setting_type(hint: Any) -> type:
@@ -187,6 +196,7 @@ def _default(f: Field[Any]) -> Any:
 # section -> settings, derived from the dataclasses above (the one place defaults are written).
 SCHEMA: dict[str, tuple[Setting, ...]] = {
     "server": schema_of(ServerSettings),
+    "store": schema_of(StoreSettings),
     "runtime": schema_of(RuntimeSettings),
     "runtime.history_pruning": schema_of(HistoryPruning),
     "runtime.compaction": schema_of(CompactionSettings),
@@ -328,7 +338,7 @@ def check_route(route: str, providers: Mapping[str, ProviderProfile], key: str) 
 def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
                           source: str = "embedded default") -> Settings:
     env = os.environ if env is None else env
-    allowed = {"server", "runtime", "providers", "default_route", "model_routes", "classifier"}
+    allowed = {"server", "store", "runtime", "providers", "default_route", "model_routes", "classifier"}
     for key in data:
         if key not in allowed:
             raise ConfigError(f"{key}: unknown setting")
@@ -363,7 +373,7 @@ def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None
         check_route(route.provider, providers, f"model_routes[{index}].provider")
     rules = [ClassifierRule(**row) for row in _read_list(classifier, "rules", RULE_SCHEMA, "classifier.")]
     return Settings(ServerSettings(**server), RuntimeSettings(**runtime), providers, default_route,
-                    routes, rules, source)
+                    routes, rules, source, StoreSettings(**_read_section(data, "store", env)))
 
 
 def load_settings(path: str | os.PathLike[str] | None = None,

@@ -137,11 +137,13 @@ class Connection:
             raise BadFrame("this connection already said hello; open a new connection for another session")
         if frame.type == "message":
             await self.hub.submit(session, frame.get("id"), frame.get("content"), frame.get("images"),
-                                  frame.get("retry_of"))
+                                  frame.get("retry_of"), frame.get("edit_of"))
         elif frame.type == "switch_model":
             await self.hub.switch(session, frame.get("route"))
         elif frame.type == "stop":
             self.hub.stop(session)
+        elif frame.type == "preview_edit":  # an answer for this client alone, like its errors
+            self.send_local(await self.hub.preview_edit(session, frame.get("turn_id")))
 
     async def hello(self, frame: ClientFrame) -> None:
         self.session = await self.hub.attach(self.outbox, frame.get("session_id"), frame.get("last_seq"))

@@ -26,6 +26,7 @@ from typing import Any, get_origin, get_type_hints
 
 from server.errors import ImportRejected
 from server.history import ChatMessage, stored_marks
+from server.protocol import echo
 from server.store import (
     MESSAGE_HINTS,
     MESSAGE_LISTS,
@@ -68,6 +69,7 @@ def _table_of(cls: type) -> Fields:
     return _table(get_type_hints(cls), _required(cls))
 
 
+ECHO_KEY_CHARS = 100  # a field name quoted back in an error: an answer never grows with the input
 _MESSAGE_FIELDS = _table(MESSAGE_HINTS, {"id"} | _required(ChatMessage))  # every message names its id
 _TOOL_CALL_FIELDS = _table_of(MESSAGE_LISTS["tool_calls"])
 _IMAGE_FIELDS = _table_of(MESSAGE_LISTS["images"])
@@ -92,9 +94,9 @@ def from_json(data: Any) -> StoredSession:
     """A new session (fresh id) from an exported document; ``ImportRejected`` names a bad field."""
     _check_object(data, "", _SESSION_FIELDS)
     if data["format"] != FORMAT:
-        raise ImportRejected(f"format: expected {FORMAT!r}, got {data['format']!r}")
+        raise ImportRejected(f"format: expected {FORMAT!r}, got {echo(data['format'])}")
     if data["version"] != VERSION:
-        raise ImportRejected(f"version: this server reads version {VERSION}, got {data['version']!r}")
+        raise ImportRejected(f"version: this server reads version {VERSION}, got {str(data['version'])[:20]}")
     messages = [_message(item, f"messages[{i}]") for i, item in enumerate(data["messages"])]
     _check_unique_ids(messages)
     calls = [_call(item, f"calls[{i}]") for i, item in enumerate(data.get("calls") or [])]
@@ -110,7 +112,7 @@ def _check_object(value: Any, path: str, fields: Fields) -> None:
         raise ImportRejected(f"{where}: expected an object, got {_kind(value)}")
     for key in value:
         if key not in fields:
-            raise ImportRejected(f"{_join(path, str(key))}: unknown field")
+            raise ImportRejected(f"{_join(path, str(key)[:ECHO_KEY_CHARS])}: unknown field")
     for key, (types, required) in fields.items():
         if key not in value:
             if required:
@@ -126,7 +128,7 @@ def _check_object(value: Any, path: str, fields: Fields) -> None:
 def _message(item: Any, path: str) -> ChatMessage:
     _check_object(item, path, _MESSAGE_FIELDS)
     if item["role"] not in ROLES:
-        raise ImportRejected(f"{path}.role: expected one of {', '.join(ROLES)}, got {item['role']!r}")
+        raise ImportRejected(f"{path}.role: expected one of {', '.join(ROLES)}, got {echo(item['role'])}")
     for i, call in enumerate(item.get("tool_calls") or []):
         _check_object(call, f"{path}.tool_calls[{i}]", _TOOL_CALL_FIELDS)
     for i, image in enumerate(item.get("images") or []):
@@ -138,7 +140,7 @@ def _check_unique_ids(messages: list[ChatMessage]) -> None:
     seen: set[str] = set()
     for index, message in enumerate(messages):
         if message.id in seen:
-            raise ImportRejected(f"messages[{index}].id: duplicate id {message.id!r}")
+            raise ImportRejected(f"messages[{index}].id: duplicate id {echo(message.id)}")
         seen.add(message.id)
 
 

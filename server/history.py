@@ -62,6 +62,9 @@ class ChatMessage:
     left_out: str | None = None
     interrupted: bool = False
     turn_id: str | None = None  # the user turn this message belongs to (set by the session)
+    created_at: str | None = None  # ISO-8601 UTC, stamped by the session when it joins the transcript
+    replaces: str | None = None  # on a user message: the turn it replaces (a retry, an edit)
+    thinking: str | None = None  # on a reply: the model's reasoning as streamed (never sent back)
     id: str = field(default_factory=_new_id)
     _text_tokens: int | None = field(default=None, repr=False)
 
@@ -80,11 +83,6 @@ class ChatMessage:
         """Replace the tool calls (they count in the estimate, so the measure is taken again)."""
         self.tool_calls = list(calls) if calls else None
         self._text_tokens = None
-
-    @property
-    def is_hidden(self) -> bool:
-        """``left_out is not None``, under the name the provider dialects still read."""
-        return self.left_out is not None
 
 
 def stored_marks(message: ChatMessage) -> tuple[bool, str | None]:

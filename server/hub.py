@@ -17,17 +17,19 @@ from typing import Any
 
 import anyio
 
-from server.channel import FrameChannel, Outbox
+from server.channel import Frame, FrameChannel, Outbox
 from server.compaction_runner import compaction_for
 from server.errors import BadFrame, Busy, UnknownRoute, UnknownSession, error_frame
 from server.history import ChatMessage, Image
 from server.images import decode_images
-from server.protocol import ImagePayload, server_frame
+from server.protocol import EDIT_PREVIEW, ImagePayload, echo, server_frame
 from server.routing import Route
 from server.runtime import Runtime
-from server.session import Session, TurnHandle
+from server.session import Session, TurnHandle, utc_now
+from server.store import StoredSession
 from server.turn import Turn
-from server.views import history_frame, session_frame
+from server.versions import Replaces
+from server.views import history_frame, image_urls, session_frame
 
 log = logging.getLogger(__name__)
 
@@ -75,17 +77,18 @@ class SessionHub:
                 excess -= 1
 
     def _session(self, session_id: str, title: str, route: Route, transcript: list[ChatMessage],
-                 first_seq: int = 0) -> Session:
+                 first_seq: int = 0, stored: StoredSession | None = None) -> Session:
         channel = FrameChannel(session_id, self.rt.bus, first_seq)
         return Session(session_id, title, route, transcript, channel=channel, store=self.rt.store,
-                       meter=self.rt.meter, image_token_cost=self.rt.options.image_token_cost)
+                       meter=self.rt.meter, image_token_cost=self.rt.options.image_token_cost,
+                       calls=stored.calls if stored else None, trims=stored.trims if stored else None)
 
     async def _create(self) -> Session:
         route = self.rt.resolver.default_route()
         session = self._session(new_session_id(), DEFAULT_TITLE, route, [])
         await self.rt.store.create_session(session.id, title=session.title, route=route.name)
         if self.rt.options.system_prompt:
-            system = ChatMessage("system", self.rt.options.system_prompt)
+            system = ChatMessage("system", self.rt.options.system_prompt, created_at=utc_now())
             session.add(system)
             await self.rt.store.append_messages(session.id, [system])
         return session
@@ -107,10 +110,20 @@ class SessionHub:
         # A reloaded session numbers its frames from now (in microseconds), above anything an earlier
         # incarnation sent, so a client's old last_seq can never be mistaken for one of these.
         session = self._session(stored.id, stored.title, self._stored_route(stored.route), stored.messages,
-                                first_seq=time.time_ns() // 1000)
+                                first_seq=time.time_ns() // 1000, stored=stored)
         await session.set_aside_orphans()
         self._pending_restore.add(session.id)
         return session
+
+    async def messages_of(self, session_id: str) -> list[ChatMessage]:
+        """A session's transcript: the open copy when cached, else the store's (an image URL)."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return session.transcript
+        stored = await self.rt.store.get_session(session_id)
+        if stored is None:
+            raise UnknownSession(f"no session {echo(session_id)}")
+        return stored.messages
 
     # --- clients joining and leaving ----------------------------------------------------------
 
@@ -183,7 +196,8 @@ class SessionHub:
             session.turn.cancel_scope.cancel()
 
     async def submit(self, session: Session, message_id: str, content: str,
-                     payloads: list[ImagePayload], retry_of: str | None = None) -> None:
+                     payloads: list[ImagePayload], retry_of: str | None = None,
+                     edit_of: str | None = None) -> None:
         if message_id in session.client_ids:
             return  # a client resending after a reconnect: the message is already durable
         if content.strip().split(" ", 1)[0] == MODEL_COMMAND:
@@ -193,12 +207,13 @@ class SessionHub:
             raise Busy("a reply is still being written in this session; stop it or wait for it to finish")
         if session.knows(message_id):
             raise BadFrame(f"message.id {message_id!r} is already used by another message in this session")
+        replaces = Replaces.of(session, retry_of, edit_of)
         images = decode_images(payloads, self.rt.options.max_image_bytes)
         turn_id = uuid.uuid4().hex[:12]
         # Claim the session before the first await: two tabs sending at once start one turn.
         handle = session.turn = TurnHandle(turn_id, anyio.CancelScope())
         try:
-            route, text = await self._accept(session, message_id, content, images, turn_id, retry_of)
+            route, text = await self._accept(session, message_id, content, images, turn_id, replaces)
         except BaseException:
             session.turn = None
             raise
@@ -207,20 +222,33 @@ class SessionHub:
         self.spawn(self._run_turn, session, turn, handle)
 
     async def _accept(self, session: Session, message_id: str, content: str, images: list[Image],
-                      turn_id: str, retry_of: str | None) -> tuple[Route, str]:
+                      turn_id: str, replaces: Replaces | None) -> tuple[Route, str]:
         """Store the user's message (durable before any provider call) and announce it."""
-        if retry_of:
-            # A retry replaces the failed turn: it stays in the transcript, no longer sent.
-            if not await session.set_aside(retry_of, "replaced by a retry"):
-                raise BadFrame(f"message.retry_of: no turn {retry_of!r} still sent in this session")
         route, text = self.rt.resolver.for_message(session.route, content)
-        user = ChatMessage("user", text, images=images or None, turn_id=turn_id, id=message_id)
+        if replaces is not None:
+            await replaces.set_aside(session, text)
+        user = ChatMessage("user", text, images=images or None, turn_id=turn_id, id=message_id,
+                           created_at=utc_now(), replaces=replaces.turn_id if replaces else None)
         await self.rt.store.append_messages(session.id, [user])
         session.add(user)
         session.client_ids.add(message_id)
-        session.emit(server_frame("accepted", id=message_id, turn_id=turn_id, content=text,
-                                  images=len(images) or None))
+        session.emit(server_frame(
+            "accepted", id=message_id, turn_id=turn_id, content=text, images=len(images) or None,
+            created_at=user.created_at, image_urls=image_urls(session.id, user),
+            **(replaces.echo() if replaces else {})))
         return route, text
+
+    async def preview_edit(self, session: Session, turn_id: object) -> Frame:
+        """The meter as it would read with ``turn_id`` and every later turn set aside (an edit of
+        that turn's message), for the asking client only: nothing changes."""
+        turns = session.turns_from(Replaces.checked("preview_edit.turn_id", turn_id))
+        if not turns:
+            raise BadFrame(f"preview_edit.turn_id: no turn {echo(turn_id)} in this session")
+        meter = self.rt.meter
+        reading = await meter.read(session.route, session.estimate_without(turns), meter.tools(session.route))
+        frame = meter.frame(reading, session.ledger, EDIT_PREVIEW)
+        frame.pop("trim_preview", None)  # the ledger's preview is of the history before the edit
+        return frame
 
     async def _maybe_title(self, session: Session, text: str) -> None:
         if session.title != DEFAULT_TITLE or not text.strip():

@@ -2,8 +2,9 @@
 
 A session is a title, a route, an ordered transcript of ``ChatMessage`` (every mark and the turn id
 kept) and the list of provider calls it made. ``Store`` is the contract the session code calls; the
-embedded SQLite backend (``server.store_sqlite``) is the first implementation, and a server-grade
-one (Redis, Postgres) can replace it without touching the callers.
+embedded SQLite backend (``server.store_sqlite``) is the default; PostgreSQL (``server.store_postgres``)
+is the server-grade one several instances can share, chosen by ``[store] url``. Both run the same
+numbered schema migrations (``server.migrations``) when opened.
 
 Contract of the write methods: when the awaited call returns, the write is committed (a crash after
 that point loses nothing). ``append_messages`` adds after the last message; ``save_messages``
@@ -20,14 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import UnionType
-from typing import TYPE_CHECKING, Any, Protocol, Union, get_args, get_origin, get_type_hints
+from typing import Any, Protocol, Union, get_args, get_origin, get_type_hints
 
+from server.errors import ConfigError
 from server.history import ChatMessage, left_out_from, stored_marks
-
-if TYPE_CHECKING:
-    from server.store_sqlite import SqliteStore
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ class StoredSession:
     updated_at: str
     messages: list[ChatMessage] = field(default_factory=list)
     calls: list[CallRecord] = field(default_factory=list)
+    trims: list[dict[str, Any]] = field(default_factory=list)  # history_trimmed fields, oldest first
 
 
 class Store(Protocol):
@@ -96,14 +97,41 @@ class Store(Protocol):
 
     async def record_call(self, session_id: str, call: CallRecord) -> None: ...
 
+    async def record_trim(self, session_id: str, trim: Mapping[str, Any]) -> None: ...
+
     async def import_session(self, session: StoredSession) -> None: ...
 
 
-def open_store(data_dir: str | Path) -> SqliteStore:
-    """The embedded store: ``meterchat.sqlite3`` under ``data_dir`` (both created if missing)."""
-    from server.store_sqlite import SqliteStore
+class Clock:
+    """UTC ISO-8601 timestamps, strictly increasing within a store so "newest first" is exact."""
 
-    return SqliteStore.open(data_dir)
+    def __init__(self) -> None:
+        self._last = datetime.fromtimestamp(0, UTC)
+
+    def now(self) -> str:
+        current = datetime.now(UTC)
+        if current <= self._last:
+            current = self._last + timedelta(microseconds=1)
+        self._last = current
+        return current.isoformat(timespec="microseconds")
+
+
+def open_store(data_dir: str | Path, url: str = "", pool_size: int = 10, timeout: float = 10.0) -> Store:
+    """The store ``[store] url`` names (PostgreSQL), else the embedded one: ``meterchat.sqlite3``
+    under ``data_dir`` (both created if missing). Either is migrated to the current schema."""
+    if not url:
+        from server.store_sqlite import SqliteStore
+
+        return SqliteStore.open(data_dir)
+    if url.split("://", 1)[0] not in ("postgresql", "postgres"):
+        raise ConfigError("store.url: expected postgresql://USER@HOST:PORT/DATABASE")
+    if pool_size < 1:
+        raise ConfigError(f"store.pool_size: expected at least 1, got {pool_size}")
+    if timeout <= 0:
+        raise ConfigError(f"store.timeout_seconds: expected more than 0, got {timeout}")
+    from server.store_postgres import PostgresStore
+
+    return PostgresStore.open(url, pool_size, timeout)
 
 
 # Message <-> plain data: one codec shared by the SQLite rows and the JSON export, derived from the

@@ -1,8 +1,8 @@
 """The embedded store: one SQLite file, ``meterchat.sqlite3``, under the data directory.
 
 WAL journal with ``synchronous=NORMAL``: a committed write survives the process being killed
-(SIGKILL included); only a power cut can lose the last few commits. The schema is created on open
-and its version kept in ``schema_version``; a file written by a newer schema stops start-up.
+(SIGKILL included); only a power cut can lose the last few commits. Opening runs the pending schema
+migrations (``server.migrations``); a file written by a newer schema stops start-up.
 
 Threading: one connection, opened with ``check_same_thread=False`` and serialised by a
 ``threading.Lock`` held inside the worker thread that ``anyio.to_thread.run_sync`` runs each call
@@ -21,21 +21,22 @@ import json
 import sqlite3
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio.to_thread
 
-from server.errors import ConfigError, SessionExists, UnknownSession
+from server.errors import SessionExists, UnknownSession
 from server.history import ChatMessage
+from server.migrations import migrate_sqlite
 from server.store import (
     CALL_FIELDS,
     MESSAGE_FIELDS,
     MESSAGE_FLAGS,
     MESSAGE_LISTS,
     CallRecord,
+    Clock,
     SessionSummary,
     StoredSession,
     call_to_data,
@@ -43,36 +44,13 @@ from server.store import (
     message_to_data,
 )
 
-SCHEMA_VERSION = 1
 FILE_NAME = "meterchat.sqlite3"
 T = TypeVar("T")
 
-# The version-1 schema, written out: a stored table is history, so it is not derived from the code
-# of the day (a new field needs a new schema version). The message columns are the codec's
-# (``server.store.MESSAGE_FIELDS``: flags as INTEGER 0/1, lists as JSON TEXT); the test that reads a
-# version-1 file holds the two together.
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS sessions (
-    id TEXT PRIMARY KEY, title TEXT NOT NULL, route TEXT NOT NULL,
-    created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS messages (
-    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-    id TEXT NOT NULL, position REAL NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
-    tool_calls TEXT, tool_call_id TEXT, images TEXT, name TEXT,
-    breadcrumb INTEGER NOT NULL, summary INTEGER NOT NULL, trimmed INTEGER NOT NULL,
-    excluded TEXT, interrupted INTEGER NOT NULL, turn_id TEXT,
-    PRIMARY KEY (session_id, id));
-CREATE INDEX IF NOT EXISTS messages_order ON messages (session_id, position);
-CREATE TABLE IF NOT EXISTS calls (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-    turn_id TEXT, provider TEXT NOT NULL, model TEXT NOT NULL, route_kind TEXT NOT NULL,
-    input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, tokens_source TEXT NOT NULL,
-    cost_usd REAL, created_at TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS calls_session ON calls (session_id, seq);
-"""
-
+# The tables are the migrations' (``server.migrations``: version 1 is the schema written before
+# migrations, verbatim; a new field needs a new migration). The message columns are the codec's
+# (``server.store.MESSAGE_FIELDS``: flags as INTEGER 0/1, lists as JSON TEXT); the test that reads
+# a version-1 file holds the two together.
 _FIELDS = MESSAGE_FIELDS[1:]  # the columns after (session_id, id, position)
 _INSERT = (f"INSERT INTO messages (session_id, id, position, {', '.join(_FIELDS)}) "
            f"VALUES ({', '.join('?' * (len(_FIELDS) + 3))})")
@@ -107,20 +85,6 @@ def _message(row: Row) -> ChatMessage:
     return message_from_data(data)
 
 
-class _Clock:
-    """UTC ISO-8601 timestamps, strictly increasing within a store so "newest first" is exact."""
-
-    def __init__(self) -> None:
-        self._last = datetime.fromtimestamp(0, UTC)
-
-    def now(self) -> str:
-        current = datetime.now(UTC)
-        if current <= self._last:
-            current = self._last + timedelta(microseconds=1)
-        self._last = current
-        return current.isoformat(timespec="microseconds")
-
-
 class SqliteStore:
     """The ``server.store.Store`` contract on one SQLite file; build it with ``open_store``."""
 
@@ -128,7 +92,7 @@ class SqliteStore:
         self.path = path
         self._conn = connection
         self._lock = threading.Lock()
-        self._clock = _Clock()
+        self._clock = Clock()
 
     @classmethod
     def open(cls, data_dir: str | Path) -> SqliteStore:
@@ -203,10 +167,12 @@ class SqliteStore:
             calls = [CallRecord(*row) for row in self._conn.execute(
                 f"SELECT {', '.join(CALL_FIELDS)} FROM calls WHERE session_id = ? ORDER BY seq",
                 (session_id,))]
+            trims = [{**json.loads(data), "created_at": at} for data, at in self._conn.execute(
+                "SELECT data, created_at FROM trims WHERE session_id = ? ORDER BY seq", (session_id,))]
         finally:
             self._conn.execute("COMMIT")
         session_id, title, route, created_at, updated_at = head
-        return StoredSession(session_id, title, route, created_at, updated_at, messages, calls)
+        return StoredSession(session_id, title, route, created_at, updated_at, messages, calls, trims)
 
     async def get_summary(self, session_id: str) -> SessionSummary | None:
         row = await self._call(self._query_one, _SUMMARY + " WHERE s.id = ?", (session_id,))
@@ -308,6 +274,15 @@ class SqliteStore:
             f"VALUES ({', '.join('?' * (len(CALL_FIELDS) + 1))})",
             [(session_id, *_call_row(call, now)) for call in calls])
 
+    async def record_trim(self, session_id: str, trim: Mapping[str, Any]) -> None:
+        """Keep a ``history_trimmed`` event (its fields) so a reload shows the notice again."""
+        await self._call(self._write, self._put_trim, session_id, _json(dict(trim)))
+
+    def _put_trim(self, session_id: str, data: str) -> None:
+        now = self._touch(session_id)
+        self._conn.execute("INSERT INTO trims (session_id, data, created_at) VALUES (?, ?, ?)",
+                           (session_id, data, now))
+
     async def import_session(self, session: StoredSession) -> None:
         """Write a whole session (from an export) at once; its id must be new."""
         rows = [_row(message) for message in session.messages]
@@ -329,10 +304,4 @@ def _prepare(connection: sqlite3.Connection, path: Path) -> None:
     connection.execute("PRAGMA journal_mode = WAL")
     connection.execute("PRAGMA synchronous = NORMAL")
     connection.execute("PRAGMA foreign_keys = ON")
-    connection.executescript(_SCHEMA)
-    row = connection.execute("SELECT MAX(version) FROM schema_version").fetchone()
-    if row[0] is None:
-        connection.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
-    elif row[0] > SCHEMA_VERSION:
-        raise ConfigError(f"{path.name}: written by a newer meterchat (schema {row[0]}, "
-                          f"this one reads up to {SCHEMA_VERSION})")
+    migrate_sqlite(connection, path.name)

@@ -37,7 +37,7 @@ from server.providers.base import (
 from server.reply import ReplyWriter, Step
 from server.routing import Route
 from server.runtime import Runtime
-from server.session import Session
+from server.session import Session, utc_now
 from server.store import CallRecord
 from server.tools import run_tool
 
@@ -78,6 +78,7 @@ class Turn:
         self.totals = Totals()
         self.writer = ReplyWriter(turn_id, rt.settings.server.store_flush_ms / 1000)
         self.final_text = ""
+        self.final_at: str | None = None  # when the final reply began: the page's hover time
 
     # --- frames -------------------------------------------------------------------------------
 
@@ -124,15 +125,21 @@ class Turn:
             await self.session.set_aside(self.turn_id, SET_ASIDE_UNFIT)
             self.session.emit(error_frame(exc, turn_id=self.turn_id))
         except MeterchatError as exc:
-            await self.finish_reply(interrupted=True)
-            self.session.emit(error_frame(exc, turn_id=self.turn_id))
+            await self.fail(exc)
         except Exception as exc:  # a bug must not take the session down; the user is told
             log.exception("turn %s of session %s failed", self.turn_id, self.session.id)
-            await self.finish_reply(interrupted=True)
-            self.session.emit(error_frame(exc, turn_id=self.turn_id))
+            await self.fail(exc)
         else:
             await self.finish_reply(interrupted=False)
             await self.emit_done()
+
+    async def fail(self, exc: Exception) -> None:
+        """Keep the reply, marked interrupted, and tell the clients, even when the store refuses
+        the mark: the error that ended the turn may be the store's own (a lost database)."""
+        try:
+            await self.finish_reply(interrupted=True)
+        finally:
+            self.session.emit(error_frame(exc, turn_id=self.turn_id))
 
     async def loop(self) -> None:
         limit = self.options.max_tool_iterations
@@ -196,6 +203,7 @@ class Turn:
                 self.rt.flusher.due(self.session.id, self.writer.flush())
         elif isinstance(event, ThinkingDelta):
             self.emit("thinking", turn_id=self.turn_id, content=event.text)
+            self.writer.think(event.text)
         elif isinstance(event, ToolCallEvent):
             result.tool_calls.append(ToolCall(event.id, event.name, event.arguments))
         elif isinstance(event, Usage):
@@ -215,9 +223,10 @@ class Turn:
             calibration.observe(self.route, reading.estimate, usage.input_tokens)
         cost = self.rt.resolver.cost(self.route, usage.input_tokens, usage.output_tokens)
         self.add_to_totals(usage, cost)
-        await self.rt.store.record_call(self.session.id, CallRecord(
-            self.turn_id, self.route.provider, self.route.model, self.route.kind, usage.input_tokens,
-            usage.output_tokens, "provider", cost))
+        call = CallRecord(self.turn_id, self.route.provider, self.route.model, self.route.kind,
+                          usage.input_tokens, usage.output_tokens, "provider", cost)
+        self.session.calls.append(call)  # a reload shows the turn's route, usage and cost from these
+        await self.rt.store.record_call(self.session.id, call)
         await self.emit_meter("usage", reading, reported=usage.input_tokens)
 
     def add_to_totals(self, usage: Usage, cost: float | None) -> None:
@@ -247,6 +256,7 @@ class Turn:
             return
         await self.rt.store.save_messages(self.session.id, [message])
         self.final_text = "" if message.tool_calls else message.content
+        self.final_at = message.created_at
 
     async def run_tools(self, calls: list[ToolCall]) -> None:
         await self.finish_reply(interrupted=False, tool_calls=calls)  # a reply asking for tools is complete
@@ -268,4 +278,5 @@ class Turn:
         self.emit("done", turn_id=self.turn_id, full_response=self.final_text, input_tokens=t.input_tokens,
                   output_tokens=t.output_tokens, last_input_tokens=t.last_input_tokens,
                   provider=self.route.provider, model=self.route.model, max_context_tokens=budget,
-                  model_context_window=capacity.window, cost_usd=t.cost_usd)
+                  model_context_window=capacity.window, cost_usd=t.cost_usd,
+                  created_at=self.final_at or utc_now())

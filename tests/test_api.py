@@ -202,3 +202,25 @@ def test_api_import_over_the_limit_is_413(api: Harness) -> None:
 
     assert error_of(api.client.post("/api/sessions/import", content=chunks()))[:2] == (413, "too_large")
     assert api.client.get("/api/sessions").json() == []
+
+
+
+def test_api_errors_quote_client_values_cut_short(api: Harness) -> None:
+    huge = "x" * 20_000
+    api.seed("abc")
+    doc = {"format": "meterchat.session", "version": 1, "title": "t", "route": "demo",
+           "messages": [{"id": "a", "role": "user", "content": "hi"}]}
+    message = doc["messages"][0]
+    answers = [
+        api.client.get(f"/api/sessions/{huge}"),
+        api.client.patch(f"/api/sessions/{huge}", json={"title": "t"}),
+        api.client.get(f"/api/sessions/{huge}/export"),
+        api.client.get("/api/sessions/abc/export", params={"format": huge}),
+        api.client.post("/api/sessions/import", json={**doc, "format": huge}),
+        api.client.post("/api/sessions/import", json={**doc, "messages": [{**message, huge: 1}]}),
+        api.client.post("/api/sessions/import", json={**doc, "messages": [{**message, "role": huge}]}),
+        api.client.post("/api/sessions/import", json={**doc, "messages": [doc["messages"][0]] * 2}),
+    ]
+    for answer in answers:
+        status, _, message = error_of(answer)
+        assert 400 <= status < 500 and len(message) < 400, message[:300]

@@ -58,10 +58,10 @@ def _blocks(message: ChatMessage) -> list[dict[str, Any]]:
 
 def wire_messages(messages: Sequence[ChatMessage]) -> tuple[str, list[dict[str, Any]]]:
     """(system text, messages). Tool results become user messages; same-role neighbours merge."""
-    system = [m.content for m in messages if m.role == "system" and not m.is_hidden]
+    system = [m.content for m in messages if m.role == "system" and m.left_out is None]
     wire: list[dict[str, Any]] = []
     for message in messages:
-        if message.is_hidden or message.role == "system":
+        if message.left_out is not None or message.role == "system":
             continue
         role = "assistant" if message.role == "assistant" else "user"
         blocks = _blocks(message)

@@ -62,7 +62,7 @@ def _wire_message(message: ChatMessage) -> dict[str, Any]:
 
 
 def wire_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    return [_wire_message(message) for message in messages if not message.is_hidden]
+    return [_wire_message(message) for message in messages if message.left_out is None]
 
 
 def request_body(request: ProviderRequest, num_ctx: int) -> dict[str, Any]:

@@ -68,7 +68,7 @@ def wire_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     wire: list[dict[str, Any]] = []
     tool_images: list[dict[str, Any]] = []
     for message in messages:
-        if message.is_hidden:
+        if message.left_out is not None:
             continue
         if message.role != "tool" and tool_images:
             wire.append({"role": "user", "content": tool_images})
