@@ -347,6 +347,9 @@ def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None
         if key != "rules":
             raise ConfigError(f"classifier.{key}: unknown setting")
     server = _read_section(data, "server", env)
+    outbox = server["max_outbox_bytes"]
+    if outbox <= 0:  # 0 would close every client at its first frame
+        raise ConfigError(f"server.max_outbox_bytes: must be greater than 0, got {outbox!r}")
     if "METERCHAT_DATA_DIR" in env:
         server["data_dir"] = env["METERCHAT_DATA_DIR"]
     runtime = _read_section(data, "runtime", env)

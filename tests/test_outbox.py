@@ -9,6 +9,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from server.errors import ConfigError
 from tests.support import Client, client, serve, settings_for, text_of
 
 pytestmark = pytest.mark.anyio
@@ -61,3 +62,8 @@ async def test_a_client_that_stops_reading_is_closed_with_1008_and_resumes_by_se
             while sum(f["type"] == "done" for f in slow.frames + rest) < REPLIES:
                 rest += await again.until("done", timeout=30)
         assert text_of(slow.frames) + text_of(rest) == text_of(frames)  # nothing lost or repeated
+
+
+def test_an_outbox_bound_of_zero_is_refused_naming_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"server\.max_outbox_bytes: must be greater than 0"):
+        settings_for(tmp_path, max_outbox_bytes=0)
