@@ -116,6 +116,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 rt = Runtime(settings, store, providers, RouteResolver(settings, providers), EventBus(),
                              tasks)
                 hub = SessionHub(rt)
+                app.state.drain = hub.drain  # awaited first on SIGTERM (server.serving.DrainingServer)
                 yield {"store": store, "on_change": live_sessions_follow(hub), "hub": hub, "bus": rt.bus}
                 tasks.cancel_scope.cancel()
         finally:

@@ -25,8 +25,9 @@ import anyio
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from server.channel import Frame, Outbox, Packet
-from server.errors import BadFrame, MeterchatError, error_frame
+from server.errors import BadFrame, FrameFlood, MeterchatError, error_frame
 from server.hub import SessionHub
+from server.limits import TokenBucket
 from server.protocol import MAX_FRAME_BYTES, ClientFrame, parse_client_frame
 from server.session import Session
 
@@ -83,14 +84,21 @@ class Connection:
         self.session: Session | None = None
         self.outbox = Outbox(hub.rt.settings.server.max_outbox_bytes)
         self.coalesce_seconds = hub.coalesce_seconds
+        self.limits = hub.rt.settings.server
+        self.bucket = TokenBucket(self.limits.frame_rate, self.limits.frame_burst)
+        self.flooding = False  # one rate_limited answer per run of refused frames, not one each
 
     async def run(self) -> None:
+        if not self.hub.admit():
+            await self.ws.close(code=1013, reason="server at max_connections; try again later")
+            return
         try:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(self.write_loop)
                 await self.read_loop()
                 tasks.cancel_scope.cancel()
         finally:
+            self.hub.release()
             self.state = ConnState.CLOSED
             if self.session is not None:
                 self.hub.detach(self.session, self.outbox)
@@ -100,9 +108,11 @@ class Connection:
 
     async def read_loop(self) -> None:
         while True:
-            message = await self.ws.receive()
-            if message["type"] == "websocket.disconnect":
+            message = await self.receive()
+            if message is None or message["type"] == "websocket.disconnect":
                 return
+            if not self.within_rate():
+                continue
             raw = message.get("text")
             if raw is None:
                 self.send_local(error_frame(BadFrame("binary frames are not part of protocol v1")))
@@ -111,6 +121,39 @@ class Connection:
                 self.send_local(error_frame(BadFrame(f"frame larger than {MAX_FRAME_BYTES} bytes")))
                 continue
             await self.handle_text(raw)
+
+    async def receive(self) -> dict[str, Any] | None:
+        """The next message from the client, or None once the connection was closed for idling: no
+        hello in time, or no frame for ``idle_timeout_seconds`` while no reply streams."""
+        while True:
+            waited = self.read_timeout()
+            with anyio.move_on_after(waited):
+                return dict(await self.ws.receive())
+            if self.state is ConnState.AWAITING_HELLO:
+                await self.ws.close(code=1008, reason=f"no hello within {waited:g} s")
+                return None
+            if self.session is None or not self.session.busy:
+                await self.ws.close(code=1001, reason=f"idle for {waited:g} s; reconnect with last_seq")
+                return None
+
+    def read_timeout(self) -> float:
+        if self.state is ConnState.AWAITING_HELLO:
+            return self.limits.hello_timeout_seconds
+        return self.limits.idle_timeout_seconds or float("inf")
+
+    def within_rate(self) -> bool:
+        """Spend a token for this frame; a refused frame is dropped unread, and the first of a run
+        is answered with ``rate_limited``."""
+        wait = self.bucket.take()
+        if not wait:
+            self.flooding = False
+            return True
+        if not self.flooding:
+            self.flooding = True
+            self.send_local(error_frame(FrameFlood(
+                f"more than {self.limits.frame_rate:g} frames a second (burst {self.limits.frame_burst}); "
+                "frames are dropped until the rate falls", retry_after=round(wait, 3))))
+        return False
 
     async def handle_text(self, raw: str) -> None:
         frame: ClientFrame | None = None
@@ -142,6 +185,8 @@ class Connection:
             await self.hub.switch(session, frame.get("route"))
         elif frame.type == "stop":
             self.hub.stop(session)
+        elif frame.type == "history_before":
+            self.send_local(self.hub.history_before(session, frame.get("before_id"), frame.get("limit")))
         elif frame.type == "preview_edit":  # an answer for this client alone, like its errors
             self.send_local(await self.hub.preview_edit(session, frame.get("turn_id")))
 

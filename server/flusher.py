@@ -21,6 +21,7 @@ import logging
 import anyio
 from anyio.abc import TaskGroup
 
+from server.errors import MeterchatError
 from server.history import ChatMessage
 from server.store import Store
 
@@ -64,5 +65,7 @@ class Flusher:
         try:
             await self._store.save_batch({sid: list(messages.values()) for sid, messages in batch.items()})
             self.batches += 1
+        except MeterchatError as exc:  # the store is unavailable: the final saves report it
+            log.warning("saving %d streaming replies failed: %s", len(batch), exc.message)
         except Exception:  # the replies' final saves still follow; a flush is only a checkpoint
             log.exception("saving %d streaming replies failed", len(batch))

@@ -19,7 +19,7 @@ import anyio
 
 from server.channel import Frame, FrameChannel, Outbox
 from server.compaction_runner import compaction_for
-from server.errors import BadFrame, Busy, UnknownRoute, UnknownSession, error_frame
+from server.errors import BadFrame, Busy, StoreUnavailable, UnknownRoute, UnknownSession, error_frame
 from server.history import ChatMessage, Image
 from server.images import decode_images
 from server.protocol import EDIT_PREVIEW, ImagePayload, echo, server_frame
@@ -29,13 +29,14 @@ from server.session import Session, TurnHandle, utc_now
 from server.store import StoredSession
 from server.turn import Turn
 from server.versions import Replaces
-from server.views import history_frame, image_urls, session_frame
+from server.views import history_frame, history_page_frame, image_urls, session_frame
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TITLE = "New chat"
 MODEL_COMMAND = "/model"
 MAX_CACHED_SESSIONS = 128  # with FRAME_LOG_BYTES, bounds the frame logs to about 256 MiB
+UNSAVED_RETRY_SECONDS = 1.0  # how often a reply the store refused is tried again
 
 
 def new_session_id() -> str:
@@ -50,6 +51,20 @@ class SessionHub:
         self.coalesce_seconds = rt.settings.server.coalesce_ms / 1000
         self._pending_restore: set[str] = set()
         self._lock = anyio.Lock()
+        self.connections = 0
+        self._retrying: set[str] = set()  # sessions whose refused replies are being retried
+
+    # --- the connection cap -------------------------------------------------------------------
+
+    def admit(self) -> bool:
+        """Count one more open socket, or refuse it at ``server.max_connections``."""
+        if self.connections >= self.rt.settings.server.max_connections:
+            return False
+        self.connections += 1
+        return True
+
+    def release(self) -> None:
+        self.connections -= 1
 
     # --- finding, creating, caching -----------------------------------------------------------
 
@@ -71,7 +86,7 @@ class SessionHub:
         for session_id, session in list(self.sessions.items()):
             if excess <= 0:
                 return
-            if not session.channel.watched and session.turn is None:
+            if not session.channel.watched and session.turn is None and not session.unsaved:
                 del self.sessions[session_id]
                 self._pending_restore.discard(session_id)
                 excess -= 1
@@ -136,7 +151,7 @@ class SessionHub:
         replayed = session.channel.attach(
             outbox, last_seq if resumed else None,
             head=lambda seq: session_frame(session, resumed=resumed, seq=seq, routes=routes),
-            snapshot=lambda: [history_frame(session)])
+            snapshot=lambda: [history_frame(session, self.rt.settings.server.history_page_messages)])
         if not replayed:
             # In the background: a window discovery on a slow provider must not hold the reader.
             self.spawn(self.after_hello, session)
@@ -156,6 +171,28 @@ class SessionHub:
                 await session.emit_meter(session.route, "restore")
                 return
         await session.emit_meter(session.route, "hello")
+
+    async def drain(self, grace: float) -> None:
+        """The server is shutting down: end every ``/events`` stream, stop every turn and wait (at
+        most ``grace`` seconds) until each has written its reply, marked interrupted."""
+        self.rt.bus.close()
+        handles = [session.turn for session in self.sessions.values() if session.turn is not None]
+        for session in self.sessions.values():
+            self.stop(session)
+        with anyio.move_on_after(grace):
+            for handle in handles:
+                await handle.done.wait()
+            for session in self.sessions.values():
+                await self._last_try(session)
+
+    async def _last_try(self, session: Session) -> None:
+        if not session.unsaved:
+            return
+        try:
+            await session.save_reply()
+        except StoreUnavailable:
+            log.error("session %s: %d reply(s) not written, the store still refuses writes at shutdown",
+                      session.id, len(session.unsaved))
 
     def deleted(self, session_id: str) -> None:
         """The session was deleted through the API: stop its turn and tell its open tabs."""
@@ -191,6 +228,11 @@ class SessionHub:
         await self.rt.store.set_route(session.id, route.name)
         await session.emit_meter(route, "switch")
 
+    def history_before(self, session: Session, before_id: str, limit: int | None) -> Frame:
+        """An older page of the session's history, for the one client that asked."""
+        page = self.rt.settings.server.history_page_messages
+        return history_page_frame(session, before_id, min(limit or page, page))
+
     def stop(self, session: Session) -> None:
         if session.turn is not None:
             session.turn.cancel_scope.cancel()
@@ -207,6 +249,8 @@ class SessionHub:
             raise Busy("a reply is still being written in this session; stop it or wait for it to finish")
         if session.knows(message_id):
             raise BadFrame(f"message.id {message_id!r} is already used by another message in this session")
+        if session.unsaved:
+            await session.save_reply()  # the earlier reply first, or StoreUnavailable and nothing stored
         replaces = Replaces.of(session, retry_of, edit_of)
         images = decode_images(payloads, self.rt.options.max_image_bytes)
         turn_id = uuid.uuid4().hex[:12]
@@ -266,10 +310,34 @@ class SessionHub:
                 await turn.run()
             if handle.cancel_scope.cancelled_caught:
                 with anyio.CancelScope(shield=True):
-                    await turn.finish_reply(interrupted=True)
-                    session.emit(server_frame("aborted", turn_id=turn.turn_id))
+                    await self._abort(session, turn)
         finally:
             session.turn = None
             handle.done.set()
+            if session.unsaved and session.id not in self._retrying:
+                self._retrying.add(session.id)
+                self.spawn(self._write_unsaved, session)
         if turn.route != session.route:
             await session.emit_meter(session.route, "done")
+
+    async def _abort(self, session: Session, turn: Turn) -> None:
+        try:
+            await turn.finish_reply(interrupted=True)
+        except StoreUnavailable:
+            pass  # kept in session.unsaved; _write_unsaved writes it
+        session.emit(server_frame("aborted", turn_id=turn.turn_id))
+
+    async def _write_unsaved(self, session: Session) -> None:
+        """Try the replies the store refused again until it takes them, then say so. A newer turn
+        writes them first too, so whichever succeeds first empties ``unsaved``."""
+        try:
+            while session.unsaved:
+                await anyio.sleep(UNSAVED_RETRY_SECONDS)
+                try:
+                    await session.save_reply()
+                except StoreUnavailable:
+                    continue
+                session.emit(server_frame("notice", code="store_recovered", message=(
+                    "the session store is writable again: the reply it refused is now saved")))
+        finally:
+            self._retrying.discard(session.id)

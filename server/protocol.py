@@ -24,11 +24,13 @@ CLIENT_FRAMES: dict[str, tuple[str, ...]] = {
     "message": ("id", "content", "images?", "retry_of?"),
     "switch_model": ("route",),
     "stop": (),
+    "history_before": ("before_id", "limit?"),
 }
 
 SERVER_FRAMES: dict[str, tuple[str, ...]] = {
     "session": ("session_id", "resumed", "message_count", "route", "routes", "title", "protocol"),
-    "history": ("messages",),
+    "history": ("messages", "older?"),
+    "history_page": ("before_id", "messages", "older"),
     "accepted": ("id", "turn_id", "content", "images?"),
     "context": ("provider", "model", "route_kind", "estimated_tokens", "tokens_source",
                 "context_token_budget", "model_context_window?", "window_source?", "trim_preview?",
@@ -50,7 +52,7 @@ SERVER_FRAMES: dict[str, tuple[str, ...]] = {
 
 CONTEXT_REASONS = ("hello", "switch", "hint", "send", "trim", "usage", "done", "restore")
 TRIM_REASONS = ("token_budget", "turn_limit", "overflow_recovery", "compaction")
-NOTICE_CODES = ("provider_truncated", "reply_truncated")
+NOTICE_CODES = ("provider_truncated", "reply_truncated", "store_recovered")
 # Enumerated fields are checked when a frame is built: a new value must be added here (and in the doc).
 ENUMS: dict[tuple[str, str], tuple[str, ...]] = {
     ("context", "reason"): CONTEXT_REASONS,
@@ -196,9 +198,19 @@ def _validate(frame: dict[str, Any]) -> dict[str, Any]:
     elif kind == "switch_model":
         frame["route"] = _require_short(frame, "route", ROUTE_CHARS,
                                         "a route string like 'provider' or 'provider/model'")
+    elif kind == "history_before":
+        _validate_history_before(frame)
     # Unknown fields are ignored (protocol rule), so they are not kept either.
     required, optional = field_names(CLIENT_FRAMES[kind])
     return {name: frame[name] for name in required | optional if name in frame}
+
+
+def _validate_history_before(frame: dict[str, Any]) -> None:
+    _require_id(frame, "before_id", "the id of the oldest message the client holds")
+    if frame.get("limit") is not None:
+        limit = _require(frame, "limit", int, "a number of messages")
+        if limit < 1:
+            raise BadFrame(f"history_before.limit: expected 1 or more, got {limit}")
 
 
 def _no_constant(name: str) -> Any:

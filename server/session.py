@@ -79,6 +79,7 @@ class Session:
         self._store = store
         self._meter = meter
         self._streamed: ChatMessage | None = None
+        self.unsaved: dict[str, ChatMessage] = {}  # replies the store refused, written when it recovers
         self.ledger = HistoryLedger(self._scan(), image_token_cost=image_token_cost)
 
     @property
@@ -172,6 +173,18 @@ class Session:
         if streamed is None:
             self.transcript.append(message)
         self.ledger.append(message)
+
+    async def save_reply(self, *messages: ChatMessage) -> None:
+        """Write ``messages`` with any the store refused before. While the store is unavailable
+        they stay in ``unsaved`` (in memory, in the transcript) and ``StoreUnavailable`` is raised;
+        the next save that succeeds writes them all."""
+        for message in messages:
+            self.unsaved[message.id] = message
+        pending = list(self.unsaved.values())
+        await self.store.save_messages(self.id, pending)
+        for message in pending:
+            if self.unsaved.get(message.id) is message:
+                del self.unsaved[message.id]
 
     # --- operations on the marks --------------------------------------------------------------
 

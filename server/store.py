@@ -122,7 +122,7 @@ def open_store(data_dir: str | Path, url: str = "", pool_size: int = 10, timeout
     if not url:
         from server.store_sqlite import SqliteStore
 
-        return SqliteStore.open(data_dir)
+        return SqliteStore.open(data_dir, timeout)
     if url.split("://", 1)[0] not in ("postgresql", "postgres"):
         raise ConfigError("store.url: expected postgresql://USER@HOST:PORT/DATABASE")
     if pool_size < 1:

@@ -10,6 +10,12 @@ in, so the event loop never blocks on the disk and calls from any event loop (a 
 portal, the server's loop) are safe. Messages are turned into rows on the caller's thread before
 the hand-off, so a reply still streaming into a ``ChatMessage`` cannot change under the write.
 
+Faults: an ``OperationalError`` at run time (disk full, read-only, locked past ``[store]
+timeout_seconds``) is raised as ``StoreUnavailable``, as the PostgreSQL store does, so callers
+handle one error whatever the backend; the transaction was rolled back and the same write may be
+tried again. At start-up a file that is not a database, fails ``PRAGMA quick_check``, or cannot be
+read or written stops start-up with a ``ConfigError`` naming the file and the problem.
+
 Order: each message has a REAL ``position``; append takes ``max + 1`` (positions may be sparse),
 ``insert_message`` takes the midpoint of its neighbours and renumbers the session on the rare day
 the floats run out of room between them.
@@ -27,7 +33,7 @@ from typing import Any, TypeVar
 
 import anyio.to_thread
 
-from server.errors import SessionExists, UnknownSession
+from server.errors import ConfigError, SessionExists, StoreUnavailable, UnknownSession
 from server.history import ChatMessage
 from server.migrations import migrate_sqlite
 from server.store import (
@@ -95,20 +101,29 @@ class SqliteStore:
         self._clock = Clock()
 
     @classmethod
-    def open(cls, data_dir: str | Path) -> SqliteStore:
+    def open(cls, data_dir: str | Path, timeout: float = 10.0) -> SqliteStore:
         folder = Path(data_dir)
-        folder.mkdir(parents=True, exist_ok=True)
         path = folder / FILE_NAME
-        connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                                         timeout=timeout)
+        except (OSError, sqlite3.Error) as exc:
+            raise ConfigError(f"{path}: cannot open the database: {_reason(exc)}") from exc
         try:
             _prepare(connection, path)
+            _check(connection, path)
         except BaseException:
             connection.close()
             raise
         return cls(connection, path)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await anyio.to_thread.run_sync(partial(self._locked, fn, *args))
+        try:
+            return await anyio.to_thread.run_sync(partial(self._locked, fn, *args))
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailable(f"the session store refused the write ({exc}); "
+                                   "what was not written is kept and written when it recovers") from exc
 
     def _locked(self, fn: Callable[..., T], *args: Any) -> T:
         with self._lock:
@@ -120,7 +135,8 @@ class SqliteStore:
         try:
             result = fn(*args)
         except BaseException:
-            self._conn.execute("ROLLBACK")
+            if self._conn.in_transaction:  # SQLITE_FULL has rolled back already; say so, not that
+                self._conn.execute("ROLLBACK")
             raise
         self._conn.execute("COMMIT")
         return result
@@ -300,7 +316,38 @@ def _call_row(call: CallRecord, now: str) -> Row:
     return tuple(data.values())
 
 
+def _reason(exc: BaseException) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
+def _check(connection: sqlite3.Connection, path: Path) -> None:
+    """Start-up: the file reads whole (quick_check) and takes a write, or start-up stops here
+    rather than at the first reply."""
+    try:
+        problems = [row[0] for row in connection.execute("PRAGMA quick_check")]
+        if problems != ["ok"]:
+            raise ConfigError(f"{path}: the database is corrupt (quick_check: {problems[0]})")
+        version = connection.execute("PRAGMA user_version").fetchone()[0]
+        connection.execute(f"PRAGMA user_version = {int(version)}")  # a write that changes nothing
+    except sqlite3.Error as exc:
+        raise ConfigError(f"{path}: {_problem(exc)}") from exc
+
+
+def _problem(exc: sqlite3.Error) -> str:
+    if isinstance(exc, sqlite3.DatabaseError) and any(
+            word in str(exc) for word in ("malformed", "not a database")):
+        return f"the database is corrupt ({exc}); restore a backup or move the file away"
+    return f"the database cannot be used: {exc}"
+
+
 def _prepare(connection: sqlite3.Connection, path: Path) -> None:
+    try:
+        _create(connection, path)
+    except sqlite3.Error as exc:
+        raise ConfigError(f"{path}: {_problem(exc)}") from exc
+
+
+def _create(connection: sqlite3.Connection, path: Path) -> None:
     connection.execute("PRAGMA journal_mode = WAL")
     connection.execute("PRAGMA synchronous = NORMAL")
     connection.execute("PRAGMA foreign_keys = ON")

@@ -19,7 +19,14 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from server.compaction_runner import Compaction, NoCompaction
-from server.errors import CapacityExceeded, ContextOverflow, HistoryUnfit, MeterchatError, error_frame
+from server.errors import (
+    CapacityExceeded,
+    ContextOverflow,
+    HistoryUnfit,
+    MeterchatError,
+    StoreUnavailable,
+    error_frame,
+)
 from server.history import ChatMessage, ToolCall, estimate_history_tokens
 from server.history_trim import TrimReport, cap_tool_result, sweep_orphans
 from server.meter import Reading
@@ -130,14 +137,21 @@ class Turn:
             log.exception("turn %s of session %s failed", self.turn_id, self.session.id)
             await self.fail(exc)
         else:
-            await self.finish_reply(interrupted=False)
+            try:
+                await self.finish_reply(interrupted=False)
+            except StoreUnavailable as exc:  # the reply is complete, only its write waits
+                self.session.emit(error_frame(exc, turn_id=self.turn_id))
+                return
             await self.emit_done()
 
     async def fail(self, exc: Exception) -> None:
         """Keep the reply, marked interrupted, and tell the clients, even when the store refuses
-        the mark: the error that ended the turn may be the store's own (a lost database)."""
+        the mark: the error that ended the turn may be the store's own (the reply then waits in
+        ``Session.unsaved``)."""
         try:
             await self.finish_reply(interrupted=True)
+        except StoreUnavailable:
+            pass  # the reply waits in Session.unsaved; the hub writes it when the store recovers
         finally:
             self.session.emit(error_frame(exc, turn_id=self.turn_id))
 
@@ -254,9 +268,9 @@ class Turn:
         await self.rt.flusher.settle(self.session.id)  # no earlier flush may land after this save
         if message is None:  # an empty reply was never stored: nothing to keep
             return
-        await self.rt.store.save_messages(self.session.id, [message])
         self.final_text = "" if message.tool_calls else message.content
         self.final_at = message.created_at
+        await self.session.save_reply(message)
 
     async def run_tools(self, calls: list[ToolCall]) -> None:
         await self.finish_reply(interrupted=False, tool_calls=calls)  # a reply asking for tools is complete

@@ -6,6 +6,11 @@ are clipped here (the store and the exports keep them whole); images are URLs to
 usage and cost (joined from the calls the store records per turn); a reply still being written is
 marked ``streaming``. The ``history`` frame also carries the session's trims, so their notices come
 back where they happened.
+
+History goes out in pages, newest first: the ``history`` snapshot carries the newest messages (at
+most ``server.history_page_messages``, and about ``HISTORY_PAGE_BYTES`` of text) and says how many
+are ``older``; a client asks for those with ``history_before`` and gets a ``history_page``. So a huge
+session never becomes one frame, and one huge message is clipped to a page.
 """
 
 from __future__ import annotations
@@ -21,18 +26,25 @@ from server.session import Session
 from server.store import CallRecord
 
 HISTORY_TOOL_CHARS = 8000
+HISTORY_PAGE_BYTES = 1024 * 1024  # text per page; a single longer message is clipped to it
 # The wire spelling of a turn's summed calls; ``calls`` says how many were summed.
 Usage = dict[str, Any]
 
 
 def display_text(message: ChatMessage) -> str:
-    """A tool result as the ``history`` frame shows it: long outputs are clipped there (the store
-    and the exports keep them whole), so reopening a long session stays quick."""
+    """A message as the ``history`` frame shows it: long tool outputs, and any message longer than
+    a page, are clipped there (the store and the exports keep them whole), so reopening a long
+    session stays quick."""
     text = message.content
-    if message.role != "tool" or len(text) <= HISTORY_TOOL_CHARS:
+    keep = _shown_chars(message)
+    if len(text) <= keep:
         return text
-    hidden = len(text) - HISTORY_TOOL_CHARS
-    return f"{text[:HISTORY_TOOL_CHARS]}\n\n[... {hidden:,} more characters, in the session export ...]"
+    hidden = len(text) - keep
+    return f"{text[:keep]}\n\n[... {hidden:,} more characters, in the session export ...]"
+
+
+def _shown_chars(message: ChatMessage) -> int:
+    return HISTORY_TOOL_CHARS if message.role == "tool" else HISTORY_PAGE_BYTES
 
 
 def image_url(session_id: str, message_id: str, index: int) -> str:
@@ -87,14 +99,15 @@ def _last_replies(messages: list[ChatMessage]) -> dict[str, ChatMessage]:
     return {m.turn_id: m for m in messages if m.role == "assistant" and m.turn_id}
 
 
-def transcript_views(session: Session) -> list[dict[str, Any]]:
+def transcript_views(session: Session, start: int = 0, end: int | None = None) -> list[dict[str, Any]]:
+    """Views of ``messages[start:end]`` of the snapshot (routes and usage joined over all of it)."""
     messages = session.snapshot()
     streaming = session.reply.current() if session.reply is not None else None
     running = session.turn.turn_id if session.turn is not None else None
     usage = turn_usage(session.calls)
     last = _last_replies(messages)
     views = []
-    for message in messages:
+    for message in messages[start:end]:
         view = message_view(message, session.id)
         if message is streaming:
             view["streaming"] = True  # still being written: "interrupted" until it ends, as stored
@@ -115,8 +128,30 @@ def session_frame(session: Session, *, resumed: bool, seq: int, routes: list[str
     return {**frame, "seq": seq}
 
 
-def history_frame(session: Session) -> Frame:
+def page_start(messages: list[ChatMessage], end: int, limit: int) -> int:
+    """Where the page ending before index ``end`` starts: at most ``limit`` messages (at least one)
+    and, past the first, no more than a page of text."""
+    start, size = end, 0
+    while start > 0 and end - start < max(1, limit) and (start == end or size < HISTORY_PAGE_BYTES):
+        start -= 1
+        size += min(len(messages[start].content), _shown_chars(messages[start]))
+    return start
+
+
+def history_frame(session: Session, page: int) -> Frame:
+    """The snapshot: the newest page of the transcript (the reply being written included)."""
     running = session.turn.turn_id if session.turn is not None else None
-    frame = server_frame("history", messages=transcript_views(session), trims=list(session.trims) or None,
-                         turn_in_flight=running)
+    messages = session.snapshot()
+    start = page_start(messages, len(messages), page)
+    frame = server_frame("history", messages=transcript_views(session, start), older=start or None,
+                         trims=list(session.trims) or None, turn_in_flight=running)
     return {**frame, "seq": session.seq}
+
+
+def history_page_frame(session: Session, before_id: str, limit: int) -> Frame:
+    """The page before message ``before_id`` (empty when the session does not hold that id)."""
+    messages = session.snapshot()
+    end = next((i for i, m in enumerate(messages) if m.id == before_id), 0)
+    start = page_start(messages, end, limit)
+    return server_frame("history_page", before_id=before_id, messages=transcript_views(session, start, end),
+                        older=start)

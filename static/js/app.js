@@ -54,6 +54,7 @@ transcript.on((change, subject, extra) => {
 });
 
 view.bind("copy", (entry) => copyText(entry.text));
+view.bind("older", () => connection.send({ type: "history_before", before_id: transcript.oldestId() }));
 view.bind("edit", (entry) => editTurn(entry));
 view.bind("flip", (entry, step) => transcript.flip(entry.turnId, step));
 view.bind("regenerate", (entry) => {
@@ -110,8 +111,13 @@ const handlers = {
     sessions.refresh();
   },
   history(f) {
-    transcript.reset(f.messages || [], f.trims || [], f.turn_in_flight || null);
+    transcript.reset(f.messages || [], f.trims || [], f.turn_in_flight || null, f.older || 0);
+    view.render("older", transcript.older);
     meter.render("trims", transcript.trims);
+  },
+  history_page(f) {
+    transcript.prepend(f.messages || [], f.older || 0);
+    view.render("older", transcript.older);
   },
   accepted: (f) => transcript.accepted(f),
   context(f) {

@@ -39,6 +39,8 @@ export class ConversationView {
 
   render(change, subject, extra) {
     if (change === "reset") return this.reset(subject);
+    if (change === "prepend") return this.prepend(subject);
+    if (change === "older") return this.showOlder(subject);
     if (change === "add") return this.insert(subject, extra);
     if (change === "update") return this.update(subject);
     if (change === "last") return this.markLast(subject);
@@ -53,6 +55,29 @@ export class ConversationView {
     for (const entry of items) this.root.append(this.build(entry));
     flushRenders();
     this.scrollToBottom();
+  }
+
+  // An older page: placed above what is shown, the reader's view held where it was.
+  prepend(items) {
+    const height = this.root.scrollHeight;
+    const first = this.olderButton?.isConnected ? this.olderButton.nextSibling : this.root.firstChild;
+    for (const entry of items) this.root.insertBefore(this.build(entry), first);
+    flushRenders();
+    this.root.scrollTop += this.root.scrollHeight - height;
+  }
+
+  // The "Load older messages" button heads the column while the server holds older messages.
+  showOlder(count) {
+    if (!this.olderButton) {
+      this.olderButton = document.createElement("button");
+      this.olderButton.type = "button";
+      this.olderButton.className = "older";
+      this.olderButton.dataset.testid = "load-older";
+      this.olderButton.addEventListener("click", () => this.handlers.older?.());
+    }
+    this.olderButton.textContent = `Load older messages (${count.toLocaleString()})`;
+    if (count > 0) this.root.prepend(this.olderButton);
+    else this.olderButton.remove();
   }
 
   insert(entry, before) {

@@ -22,6 +22,7 @@ export class Transcript {
     this.replacing = new Map(); // client message id -> the turn it replaces (edit, regenerate)
     this.versions = new Map(); // turn_id -> {turns, shown}: a turn and the turns that replaced it
     this.listeners = [];
+    this.older = 0;
   }
 
   on(listener) {
@@ -71,8 +72,10 @@ export class Transcript {
 
   // ----- the transcript from a `history` frame: drawn as the live page drew it -----
 
-  // trims: the session's history_trimmed events; inFlight: the turn still running, if any.
-  reset(messages, trims = [], inFlight = null) {
+  // trims: the session's history_trimmed events; inFlight: the turn still running, if any;
+  // older: messages the server holds before the first one here (history paging).
+  reset(messages, trims = [], inFlight = null, older = 0) {
+    this.older = older;
     this.items = [];
     this.replies.clear();
     this.versions.clear();
@@ -83,6 +86,22 @@ export class Transcript {
     for (const entry of this.items) if (entry.replaces) this.linkVersion(entry.replaces, entry.turnId, true);
     for (const [turnId, entry] of this.replies) if (turnId !== inFlight) this.replies.delete(turnId);
     this.emit("reset", this.items);
+  }
+
+  // An older page (`history_page`): its messages go before every item shown. Their turns are
+  // finished, so none of them is a reply that grows.
+  prepend(messages, older) {
+    const added = messages.flatMap((m) => this.stored(m, null));
+    for (const entry of added) if (entry.turnId !== this.pendingTurn) this.replies.delete(entry.turnId);
+    this.items.unshift(...added);
+    this.older = older;
+    for (const entry of added) if (entry.replaces) this.linkVersion(entry.replaces, entry.turnId, true);
+    this.emit("prepend", added);
+  }
+
+  oldestId() {
+    const first = this.items.find((i) => i.messageId);
+    return first ? first.messageId : null;
   }
 
   stored(m, inFlight) {
