@@ -49,9 +49,9 @@ def required(help: str) -> Any:
 
 
 # Server bounds that must be positive (idle_timeout_seconds takes 0 for "never").
-_POSITIVE_SERVER_SETTINGS = ("max_connections", "hello_timeout_seconds", "frame_rate", "frame_burst",
-                             "header_timeout_seconds", "max_header_bytes", "history_page_messages",
-                             "route_cache_entries")
+_POSITIVE_SERVER_SETTINGS = ("max_outbox_bytes", "max_connections", "hello_timeout_seconds", "frame_rate",
+                             "frame_burst", "header_timeout_seconds", "max_header_bytes",
+                             "history_page_messages", "route_cache_entries")
 # Provider limits that must be positive: 0 would mean "never" or "nothing", not "off".
 _POSITIVE_PROVIDER_SETTINGS = ("idle_timeout_seconds", "max_line_bytes", "max_connections",
                                "pool_timeout_seconds")
@@ -65,7 +65,10 @@ class ServerSettings:
     auth_token: str = setting("", "When set, /ws, /events and /api need this bearer token.")
     allowed_hosts: list[str] = setting([], "Extra Host names served (*.example.com matches subdomains).")
     allowed_origins: list[str] = setting([], "Extra Origin values allowed to open /ws and change /api.")
-    coalesce_ms: int = setting(0, "Join chunk frames arriving within this many ms; 0 = off.")
+    coalesce_ms: int = setting(0, "Wait this many ms to join chunk frames; 0 = no wait (chunks that "
+                               "pile up while the server is busy are joined anyway).")
+    max_outbox_bytes: int = setting(8 * 1024 * 1024, "A client this many bytes behind is closed (1008); "
+                                    "it resumes by seq when it reconnects.")
     store_flush_ms: int = setting(250, "How often a streaming reply is written to the store.")
     keep_generating: bool = setting(True, "Keep generating when the browser disconnects.")
     # Bounds: each a safe default (issue 9); 0 is refused where it would mean "nothing allowed".

@@ -18,14 +18,13 @@ instead. Connection-local ``error`` frames carry the current ``seq`` without adv
 from __future__ import annotations
 
 import enum
-import json
 import logging
 from typing import Any
 
 import anyio
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from server.channel import Frame, Outbox
+from server.channel import Frame, Outbox, Packet
 from server.errors import BadFrame, FrameFlood, MeterchatError, error_frame
 from server.hub import SessionHub
 from server.limits import TokenBucket
@@ -34,6 +33,8 @@ from server.session import Session
 
 log = logging.getLogger(__name__)
 
+CLOSE_SECONDS = 10.0  # how long a 1008 close may wait for a socket the client stopped reading
+
 
 class ConnState(enum.Enum):
     AWAITING_HELLO = "awaiting_hello"
@@ -41,16 +42,37 @@ class ConnState(enum.Enum):
     CLOSED = "closed"
 
 
-def coalesce(frames: list[Frame]) -> list[Frame]:
-    """Join runs of chunk frames of one turn into one frame carrying the last seq."""
-    joined: list[Frame] = []
-    for frame in frames:
-        last = joined[-1] if joined else None
-        if (last is not None and frame["type"] == "chunk" and last["type"] == "chunk"
-                and last["turn_id"] == frame["turn_id"]):
-            joined[-1] = {**last, "content": last["content"] + frame["content"], "seq": frame["seq"]}
+def coalesce(packets: list[Packet]) -> list[Packet]:
+    """Join runs of chunk packets of one turn into one frame carrying the last seq (a run of one
+    leaves as it came: its text is the one the channel serialized)."""
+    joined: list[Packet] = []
+    run: list[Packet] = []
+    for packet in packets:
+        if run and not same_turn_chunk(run[-1], packet):
+            joined.append(join_run(run))
+            run = []
+        if packet.frame is not None:
+            run.append(packet)
         else:
-            joined.append(frame)
+            joined.append(packet)
+    if run:
+        joined.append(join_run(run))
+    return joined
+
+
+def same_turn_chunk(last: Packet, packet: Packet) -> bool:
+    return (packet.frame is not None and last.frame is not None
+            and packet.frame["turn_id"] == last.frame["turn_id"])
+
+
+def join_run(run: list[Packet]) -> Packet:
+    if len(run) == 1:
+        return run[0]
+    last = run[-1].frame
+    assert last is not None
+    content = "".join(p.frame["content"] for p in run if p.frame is not None)
+    joined = Packet.of({**last, "content": content})
+    joined.size = sum(p.size for p in run)  # what the outbox counted for the run
     return joined
 
 
@@ -60,7 +82,7 @@ class Connection:
         self.hub = hub
         self.state = ConnState.AWAITING_HELLO
         self.session: Session | None = None
-        self.outbox = Outbox()
+        self.outbox = Outbox(hub.rt.settings.server.max_outbox_bytes)
         self.coalesce_seconds = hub.coalesce_seconds
         self.limits = hub.rt.settings.server
         self.bucket = TokenBucket(self.limits.frame_rate, self.limits.frame_burst)
@@ -82,7 +104,7 @@ class Connection:
                 self.hub.detach(self.session, self.outbox)
 
     def send_local(self, frame: Frame) -> None:
-        self.outbox.push({**frame, "seq": self.session.seq if self.session else 0})
+        self.outbox.push(Packet.of({**frame, "seq": self.session.seq if self.session else 0}))
 
     async def read_loop(self) -> None:
         while True:
@@ -173,17 +195,28 @@ class Connection:
         self.state = ConnState.OPEN
 
     async def write_loop(self) -> None:
+        """Send what the outbox holds; a client that falls ``max_outbox_bytes`` behind is closed
+        with 1008 even while a send waits on its full socket."""
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self.send_loop)
+            await self.outbox.overflow.wait()
+            tasks.cancel_scope.cancel()
+        with anyio.move_on_after(CLOSE_SECONDS):  # a peer that never reads never takes the close
+            try:
+                await self.ws.close(code=1008, reason="client too slow; reconnect with last_seq")
+            except (WebSocketDisconnect, RuntimeError):
+                pass
+
+    async def send_loop(self) -> None:
+        outbox = self.outbox
         while True:
-            await self.outbox.wait()
-            if self.outbox.overflowed:
-                await self.ws.close(code=1013, reason="client too slow; reconnect with last_seq")
-                return
-            if self.coalesce_seconds and self.outbox.frames[0]["type"] == "chunk":
+            await outbox.wait()
+            if self.coalesce_seconds and outbox.frames[0].frame is not None:
                 await anyio.sleep(self.coalesce_seconds)
-            frames = list(self.outbox.frames)
-            self.outbox.frames.clear()
-            for frame in coalesce(frames) if self.coalesce_seconds else frames:
+            # Adaptive: chunks that piled up while the loop was busy leave as one frame.
+            for packet in coalesce(outbox.take()):
                 try:
-                    await self.ws.send_text(json.dumps(frame, ensure_ascii=False))
+                    await self.ws.send_text(packet.text)
                 except (WebSocketDisconnect, RuntimeError):
                     return
+                outbox.sent(packet.size)

@@ -34,6 +34,9 @@ class ReplyWriter:
         self.flush_seconds = flush_seconds
         self._clock = clock
         self._message: ChatMessage | None = None
+        # The text is joined incrementally: a flush joins only the pieces since the last one,
+        # not the whole reply again, and a long reply does not keep one object per piece.
+        self._text = ""
         self._parts: list[str] = []
         self._thinking: list[str] = []
         self._flushed_at = 0.0
@@ -59,7 +62,10 @@ class ReplyWriter:
 
     def current(self) -> ChatMessage | None:
         if self._message is not None:
-            self._message.set_content("".join(self._parts))
+            if self._parts:
+                self._text += "".join(self._parts)
+                self._parts.clear()
+            self._message.set_content(self._text)
             self._message.thinking = "".join(self._thinking) or None
         return self._message
 
@@ -79,7 +85,7 @@ class ReplyWriter:
         if message is None and tool_calls:
             message = ChatMessage("assistant", "", turn_id=self.turn_id,
                                   thinking="".join(self._thinking) or None)
-        self._message, self._parts, self._thinking = None, [], []
+        self._message, self._text, self._parts, self._thinking = None, "", [], []
         if message is None:
             return None
         message.interrupted = interrupted

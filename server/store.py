@@ -10,6 +10,8 @@ Contract of the write methods: when the awaited call returns, the write is commi
 that point loses nothing). ``append_messages`` adds after the last message; ``save_messages``
 upserts by message id (content and marks of a known id are replaced, its position kept; an unknown
 id is appended), which is how a streaming reply is flushed at intervals and how trims are recorded;
+``save_batch`` does what ``save_messages`` does for several sessions in one transaction (a session no
+longer stored is skipped, not an error: the streaming replies of every session are flushed so);
 ``insert_message`` places one message at an index (a breadcrumb or summary after the system
 messages). Methods naming a session that is not stored raise ``UnknownSession``. Timestamps are
 ISO-8601 UTC strings with microseconds, so they sort as text.
@@ -90,6 +92,8 @@ class Store(Protocol):
     async def append_messages(self, session_id: str, messages: Sequence[ChatMessage]) -> None: ...
 
     async def save_messages(self, session_id: str, messages: Sequence[ChatMessage]) -> None: ...
+
+    async def save_batch(self, batch: Mapping[str, Sequence[ChatMessage]]) -> None: ...
 
     async def insert_message(self, session_id: str, index: int, message: ChatMessage) -> None: ...
 

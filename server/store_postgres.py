@@ -208,6 +208,16 @@ class PostgresStore:
         async with self._transaction() as conn:
             await self._put(conn, session_id, documents, _UPSERT)
 
+    async def save_batch(self, batch: Mapping[str, Sequence[ChatMessage]]) -> None:
+        work = [(session_id, [_document(message) for message in messages])
+                for session_id, messages in batch.items()]
+        async with self._transaction() as conn:
+            for session_id, documents in work:
+                try:
+                    await self._put(conn, session_id, documents, _UPSERT)
+                except UnknownSession:  # deleted while it streamed; its UPDATE matched nothing
+                    continue
+
     async def _put(self, conn: Conn, session_id: str, documents: list[tuple[str, Json]], sql: str) -> None:
         await self._touch(conn, session_id)
         position = await self._next_position(conn, session_id)

@@ -235,6 +235,18 @@ class SqliteStore:
         rows = [_row(message) for message in messages]
         await self._call(self._write, self._put_rows, session_id, rows, _UPSERT)
 
+    async def save_batch(self, batch: Mapping[str, Sequence[ChatMessage]]) -> None:
+        work = [(session_id, [_row(message) for message in messages])
+                for session_id, messages in batch.items()]
+        await self._call(self._write, self._put_batch, work)
+
+    def _put_batch(self, work: list[tuple[str, list[Row]]]) -> None:
+        for session_id, rows in work:
+            try:
+                self._put_rows(session_id, rows, _UPSERT)
+            except UnknownSession:  # deleted while it streamed; nothing of it was written
+                continue
+
     def _put_rows(self, session_id: str, rows: list[Row], sql: str) -> None:
         self._touch(session_id)
         position = self._next_position(session_id)

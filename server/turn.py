@@ -265,8 +265,8 @@ class Turn:
             step = self.writer.append(event.text)
             if step is Step.JOIN:  # in the transcript at once (snapshots), in the store soon
                 self.session.join_reply(self.writer)
-            elif step is Step.FLUSH:
-                await self.session.save_reply(self.writer.flush())
+            elif step is Step.FLUSH:  # saved with every other session's in the flusher's next batch
+                self.rt.flusher.due(self.session.id, self.writer.flush())
         elif isinstance(event, ThinkingDelta):
             self.emit("thinking", turn_id=self.turn_id, content=event.text)
             self.writer.think(event.text)
@@ -319,6 +319,7 @@ class Turn:
         """End the current assistant message (before tool results, or at the end of the turn)."""
         message = self.writer.finish(interrupted=interrupted, tool_calls=tool_calls)
         self.session.settle_reply(message)
+        await self.rt.flusher.settle(self.session.id)  # no earlier flush may land after this save
         if message is None:  # an empty reply was never stored: nothing to keep
             return
         self.final_text = "" if message.tool_calls else message.content
