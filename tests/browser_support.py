@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
-from playwright.sync_api import Browser, Locator, Page, expect
+import pytest
+from playwright.sync_api import Browser, Locator, Page, Playwright, expect, sync_playwright
 
 from tests.support import run_server
 
@@ -160,3 +161,30 @@ def send_and_wait(page: Page, text: str) -> None:
     done_before = page.locator(DONE).count()
     send(page, text)
     expect(page.locator(DONE)).to_have_count(done_before + 1)
+
+
+# Fixtures of every browser test module (loaded as a plugin by tests/conftest.py): one browser and one
+# server on the demo per module, a fresh page per test.
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Playwright]:
+    with sync_playwright() as pw:
+        yield pw
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Playwright) -> Iterator[Browser]:
+    browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+    yield browser
+    browser.close()
+
+
+@pytest.fixture(scope="module")
+def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with running_server(write_config(tmp_path_factory.mktemp("meterchat"))) as url:
+        yield url
+
+
+@pytest.fixture
+def page(browser: Browser, base_url: str) -> Iterator[Page]:
+    with opened_page(browser, base_url) as page:
+        yield page

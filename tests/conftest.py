@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["tests.fakes.fixtures", "tests.pg_support"]  # fake providers; pg_cluster
+# fake providers; the private PostgreSQL cluster; the browser and its server for the page tests
+pytest_plugins = ["tests.fakes.fixtures", "tests.pg_support", "tests.browser_support"]
 
 
 @pytest.fixture(scope="session")

@@ -6,17 +6,14 @@ loads it. Each state is also saved as a PNG in the test's tmp_path, for a person
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
 import pytest
-from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from tests.browser_support import (
-    CHROMIUM_ARGS,
     DONE,
-    chromium_path,
     open_menu,
     open_new_chat,
     opened_page,
@@ -31,25 +28,6 @@ AXE = (Path(__file__).resolve().parent / "vendor" / "axe.min.js").read_text(enco
 VIEWPORTS = {"desktop": (1280, 800), "phone": (390, 844)}
 Scheme = Literal["light", "dark"]
 SCHEMES: list[Scheme] = ["light", "dark"]
-
-
-@pytest.fixture(scope="module")
-def playwright() -> Iterator[Playwright]:
-    with sync_playwright() as pw:
-        yield pw
-
-
-@pytest.fixture(scope="module")
-def browser(playwright: Playwright) -> Iterator[Browser]:
-    browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-    yield browser
-    browser.close()
-
-
-@pytest.fixture(scope="module")
-def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_server(write_config(tmp_path_factory.mktemp("meterchat"))) as url:
-        yield url
 
 
 def serious_violations(page: Page) -> list[str]:

@@ -6,50 +6,20 @@ sums, a switch is confirmed in the conversation, and unknown commands are answer
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from tests.browser_support import (
-    CHROMIUM_ARGS,
     DONE,
-    chromium_path,
     open_new_chat,
     opened_page,
     received,
-    running_server,
     send,
     send_and_wait,
-    write_config,
 )
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture(scope="module")
-def playwright() -> Iterator[Playwright]:
-    with sync_playwright() as pw:
-        yield pw
-
-
-@pytest.fixture(scope="module")
-def browser(playwright: Playwright) -> Iterator[Browser]:
-    browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-    yield browser
-    browser.close()
-
-
-@pytest.fixture(scope="module")
-def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_server(write_config(tmp_path_factory.mktemp("meterchat"), delay_ms=0)) as url:
-        yield url
-
-
-@pytest.fixture
-def page(browser: Browser, base_url: str) -> Iterator[Page]:
-    with opened_page(browser, base_url) as page:
-        yield page
 
 
 def test_meter_after_a_reply_shows_the_next_send(page: Page) -> None:

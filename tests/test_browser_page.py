@@ -8,16 +8,13 @@ conditions only. Frames are read from the socket spy in tests/browser_support.py
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from tests.browser_support import (
-    CHROMIUM_ARGS,
     DONE,
-    chromium_path,
     feed,
     open_menu,
     open_new_chat,
@@ -31,31 +28,6 @@ from tests.browser_support import (
 )
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture(scope="module")
-def playwright() -> Iterator[Playwright]:
-    with sync_playwright() as pw:
-        yield pw
-
-
-@pytest.fixture(scope="module")
-def browser(playwright: Playwright) -> Iterator[Browser]:
-    browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-    yield browser
-    browser.close()
-
-
-@pytest.fixture(scope="module")
-def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_server(write_config(tmp_path_factory.mktemp("meterchat"))) as url:
-        yield url
-
-
-@pytest.fixture
-def page(browser: Browser, base_url: str) -> Iterator[Page]:
-    with opened_page(browser, base_url) as page:
-        yield page
 
 
 def fmt(n: int) -> str:

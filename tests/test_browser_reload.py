@@ -10,18 +10,16 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, FilePayload, Page, Playwright, expect, sync_playwright
+from playwright.sync_api import Browser, FilePayload, Page, expect
 
 from tests.browser_support import (
     ASSISTANT,
-    CHROMIUM_ARGS,
     DONE,
-    chromium_path,
     open_new_chat,
     opened_page,
     received,
@@ -90,19 +88,6 @@ price_input_per_mtok = 3.0
 price_output_per_mtok = 15.0
 """, encoding="utf-8")
     return path
-
-
-@pytest.fixture(scope="module")
-def playwright() -> Iterator[Playwright]:
-    with sync_playwright() as pw:
-        yield pw
-
-
-@pytest.fixture(scope="module")
-def browser(playwright: Playwright) -> Iterator[Browser]:
-    browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
-    yield browser
-    browser.close()
 
 
 def read_page(page: Page) -> list[dict[str, Any]]:
