@@ -31,6 +31,7 @@ from server.config import Settings, load_settings
 from server.connection import Connection
 from server.events import EventBus, sse_stream
 from server.hub import SessionHub
+from server.live_redis import RedisLive
 from server.providers import build_provider
 from server.routing import RouteResolver
 from server.runtime import Runtime
@@ -93,15 +94,20 @@ def create_app(settings: Settings | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         providers = {alias: build_provider(p) for alias, p in settings.providers.items()}
+        live = RedisLive(settings.live, EventBus()) if settings.live.url else None
         try:
             async with anyio.create_task_group() as tasks:
-                rt = Runtime(settings, store, providers, RouteResolver(settings, providers), EventBus(),
-                             tasks)
-                hub = SessionHub(rt)
+                rt = Runtime(settings, store, providers, RouteResolver(settings, providers),
+                             live.bus if live else EventBus(), tasks)
+                if live is not None:
+                    await live.start(tasks)
+                hub = SessionHub(rt, live)
                 state.update(rt=rt, hub=hub)
                 yield
                 tasks.cancel_scope.cancel()
         finally:
+            if live is not None:
+                await live.aclose()
             for provider in providers.values():
                 await provider.aclose()
             await store.close()

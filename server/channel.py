@@ -3,8 +3,9 @@
 ``FrameChannel.emit`` numbers every frame (``seq``), keeps the recent ones in a size-bounded
 ``FrameLog`` and pushes them to every attached ``Outbox`` (several tabs may watch one session) and to
 the observer bus. ``attach(outbox, last_seq, ...)`` decides what a joining client receives first: the
-frames it missed, or a fresh snapshot when the log no longer reaches back. This is the whole
-interface a shared bus (Redis streams) would have to implement to spread a session over servers.
+frames it missed, or a fresh snapshot when the log no longer reaches back. ``emit``, ``join`` (the
+awaitable ``attach``) and ``detach`` are the whole interface a shared bus implements to spread a
+session over servers: ``live_redis.RedisChannel`` does, on Redis streams.
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ class Outbox:
         self.frames: deque[Frame] = deque()
         self._ready = anyio.Event()
         self.overflowed = False
+        self.ending = False  # closing on purpose: what is queued is still sent
+        self.close_reason = "client too slow; reconnect with last_seq"
+
+    def end(self, reason: str) -> None:
+        """Have the writer close the socket after what is queued; the client resumes by seq."""
+        self.close_reason = reason
+        self.overflowed = self.ending = True
+        self._ready.set()
 
     def push(self, frame: Frame) -> None:
         if len(self.frames) >= OUTBOX_LIMIT:
@@ -124,6 +133,13 @@ class FrameChannel:
             outbox.push(frame)
         self._outboxes.add(outbox)
         return replay is not None
+
+    async def join(self, outbox: Outbox, last_seq: int | None, *, head: Callable[[int], Frame],
+                   snapshot: Callable[[], list[Frame]],
+                   turn: tuple[int, Callable[[], list[Frame]]] | None = None) -> bool:
+        """``attach`` for callers that also serve a shared channel (``live_redis.RedisChannel``),
+        which reads Redis first; ``turn`` matters only there (a turn running on another instance)."""
+        return self.attach(outbox, last_seq, head=head, snapshot=snapshot)
 
     def detach(self, outbox: Outbox) -> bool:
         """Leave the channel; True when nobody watches the session any more."""

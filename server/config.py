@@ -1,6 +1,6 @@
 """Settings: one declarative table, read once from a TOML file and the environment.
 
-Every scalar setting of ``[server]``, ``[runtime]``, ``[runtime.history_pruning]`` and
+Every scalar setting of ``[server]``, ``[live]``, ``[runtime]``, ``[runtime.history_pruning]`` and
 ``[runtime.compaction]`` can be overridden by ``METERCHAT_<SECTION>_<KEY>`` (dots in the section
 become underscores, e.g. ``METERCHAT_RUNTIME_HISTORY_PRUNING_ENABLED``); ``METERCHAT_DATA_DIR`` and
 ``METERCHAT_DEFAULT_ROUTE`` are short forms. A bad file stops start-up with a ``ConfigError`` naming
@@ -41,6 +41,11 @@ SCHEMA: dict[str, tuple[Setting, ...]] = {
         Setting("coalesce_ms", int, 0, "Join chunk frames arriving within this many ms; 0 = off."),
         Setting("store_flush_ms", int, 250, "How often a streaming reply is written to the store."),
         Setting("keep_generating", bool, True, "Keep generating when the browser disconnects."),
+    ),
+    "live": (
+        Setting("url", str, "", "redis://HOST:PORT/DB shared by every instance; empty = in-process."),
+        Setting("lease_ttl_ms", int, 10000, "A turn's lease; an instance silent this long is taken over."),
+        Setting("stream_max_frames", int, 10000, "Frames kept per session stream (MAXLEN ~) for resume."),
     ),
     "runtime": (
         Setting("max_context_tokens", int, None, "Absolute token budget; 0 disables proactive trimming."),
@@ -106,6 +111,13 @@ class ServerSettings:
     coalesce_ms: int
     store_flush_ms: int
     keep_generating: bool
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    url: str = ""
+    lease_ttl_ms: int = 10000
+    stream_max_frames: int = 10000
 
 
 @dataclass(frozen=True)
@@ -189,6 +201,7 @@ class Settings:
     model_routes: list[ModelRoute]
     classifier_rules: list[ClassifierRule]
     source: str = "embedded default"
+    live: LiveSettings = field(default_factory=LiveSettings)
 
 
 # The embedded default's hint, so the README's `/hint open ...` works on a fresh start.
@@ -320,7 +333,7 @@ def check_route(route: str, providers: Mapping[str, ProviderProfile], key: str) 
 def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
                           source: str = "embedded default") -> Settings:
     env = os.environ if env is None else env
-    allowed = {"server", "runtime", "providers", "default_route", "model_routes", "classifier"}
+    allowed = {"server", "live", "runtime", "providers", "default_route", "model_routes", "classifier"}
     for key in data:
         if key not in allowed:
             raise ConfigError(f"{key}: unknown setting")
@@ -355,7 +368,7 @@ def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None
         check_route(route.provider, providers, f"model_routes[{index}].provider")
     rules = [ClassifierRule(**row) for row in _read_list(classifier, "rules", RULE_SCHEMA, "classifier.")]
     return Settings(ServerSettings(**server), RuntimeSettings(**runtime), providers, default_route,
-                    routes, rules, source)
+                    routes, rules, source, LiveSettings(**_read_section(data, "live", env)))
 
 
 def load_settings(path: str | os.PathLike[str] | None = None,

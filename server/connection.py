@@ -121,21 +121,38 @@ class Connection:
             self.hub.stop(session)
 
     async def hello(self, frame: ClientFrame) -> None:
-        self.session = await self.hub.attach(self.outbox, frame.get("session_id"), frame.get("last_seq"))
+        try:
+            self.session = await self.hub.attach(self.outbox, frame.get("session_id"), frame.get("last_seq"))
+        except MeterchatError as exc:
+            if not exc.retryable:
+                raise
+            # A shared part (the live stream) is away: say so and close, so the client reconnects
+            # with its backoff instead of waiting on a socket that will never open the session.
+            self.send_local(error_frame(exc))
+            self.outbox.end("try again later; reconnect with last_seq")
+            return
         self.state = ConnState.OPEN
 
     async def write_loop(self) -> None:
         while True:
             await self.outbox.wait()
             if self.outbox.overflowed:
-                await self.ws.close(code=1013, reason="client too slow; reconnect with last_seq")
+                if self.outbox.ending:  # e.g. the live stream went away: say why, then close
+                    await self.send_frames(list(self.outbox.frames))
+                await self.ws.close(code=1013, reason=self.outbox.close_reason)
                 return
             if self.coalesce_seconds and self.outbox.frames[0]["type"] == "chunk":
                 await anyio.sleep(self.coalesce_seconds)
             frames = list(self.outbox.frames)
             self.outbox.frames.clear()
-            for frame in coalesce(frames) if self.coalesce_seconds else frames:
-                try:
-                    await self.ws.send_text(json.dumps(frame, ensure_ascii=False))
-                except (WebSocketDisconnect, RuntimeError):
-                    return
+            if not await self.send_frames(coalesce(frames) if self.coalesce_seconds else frames):
+                return
+
+    async def send_frames(self, frames: list[Frame]) -> bool:
+        """False when the socket is gone."""
+        for frame in frames:
+            try:
+                await self.ws.send_text(json.dumps(frame, ensure_ascii=False))
+            except (WebSocketDisconnect, RuntimeError):
+                return False
+        return True

@@ -17,11 +17,13 @@ from typing import Any
 
 import anyio
 
-from server.channel import FrameChannel, Outbox
+from server.channel import Frame, FrameChannel, Outbox
 from server.compaction_runner import compaction_for
 from server.errors import BadFrame, Busy, UnknownRoute, UnknownSession, error_frame
 from server.history import ChatMessage, Image
 from server.images import decode_images
+from server.lease import Claim
+from server.live_redis import InstanceLost, LiveUnavailable, RedisChannel, RedisLive
 from server.protocol import ImagePayload, server_frame
 from server.routing import Route
 from server.runtime import Runtime
@@ -41,8 +43,12 @@ def new_session_id() -> str:
 
 
 class SessionHub:
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, live: RedisLive | None = None) -> None:
         self.rt = rt
+        self.live = live
+        if live is not None:
+            live.on_control = self.on_control
+            live.on_orphan = lambda session_id, claim: self.spawn(self.take_over, session_id, claim)
         self.sessions: dict[str, Session] = {}
         self.compaction = compaction_for(rt.options)
         self.coalesce_seconds = rt.settings.server.coalesce_ms / 1000
@@ -54,6 +60,9 @@ class SessionHub:
     async def open(self, session_id: str | None) -> Session:
         async with self._lock:
             session = self.sessions.pop(session_id, None) if session_id else None
+            if session is not None:
+                self.sessions[session.id] = session
+                session = await self.current(session)
             if session is None and session_id:
                 session = await self._load(session_id)
             if session is None:
@@ -75,8 +84,10 @@ class SessionHub:
                 excess -= 1
 
     def _session(self, session_id: str, title: str, route: Route, transcript: list[ChatMessage],
-                 first_seq: int = 0) -> Session:
-        channel = FrameChannel(session_id, self.rt.bus, first_seq)
+                 first_seq: int = 0, channel: FrameChannel | None = None) -> Session:
+        if channel is None:
+            channel = self.live.channel(session_id) if self.live else FrameChannel(session_id, self.rt.bus,
+                                                                                    first_seq)
         return Session(session_id, title, route, transcript, channel=channel, store=self.rt.store,
                        meter=self.rt.meter, image_token_cost=self.rt.options.image_token_cost)
 
@@ -100,15 +111,17 @@ class SessionHub:
             log.warning("stored route %s is no longer configured; using %s", name, default.name)
             return default
 
-    async def _load(self, session_id: str) -> Session | None:
+    async def _load(self, session_id: str, channel: FrameChannel | None = None) -> Session | None:
         stored = await self.rt.store.get_session(session_id)
         if stored is None:
             return None
         # A reloaded session numbers its frames from now (in microseconds), above anything an earlier
         # incarnation sent, so a client's old last_seq can never be mistaken for one of these.
         session = self._session(stored.id, stored.title, self._stored_route(stored.route), stored.messages,
-                                first_seq=time.time_ns() // 1000)
-        await session.set_aside_orphans()
+                                first_seq=time.time_ns() // 1000, channel=channel)
+        # A tool call whose result is missing may be one another instance is running right now.
+        if self.live is None or await self.live.lease.holder(session_id) is None:
+            await session.set_aside_orphans()
         self._pending_restore.add(session.id)
         return session
 
@@ -120,10 +133,10 @@ class SessionHub:
         session = await self.open(session_id)
         resumed = session_id == session.id
         routes = self.rt.resolver.routes()
-        replayed = session.channel.attach(
+        replayed = await session.channel.join(
             outbox, last_seq if resumed else None,
             head=lambda seq: session_frame(session, resumed=resumed, seq=seq, routes=routes),
-            snapshot=lambda: [history_frame(session)])
+            snapshot=lambda: [history_frame(session)], turn=await self._remote_turn(session))
         if not replayed:
             # In the background: a window discovery on a slow provider must not hold the reader.
             self.spawn(self.after_hello, session)
@@ -131,8 +144,11 @@ class SessionHub:
 
     def detach(self, session: Session, outbox: Outbox) -> None:
         """A client left; with nobody watching, the turn stops unless ``server.keep_generating``."""
-        if session.channel.detach(outbox) and not self.rt.settings.server.keep_generating:
-            self.stop(session)
+        session = self.sessions.get(session.id, session)
+        if session.channel.detach(outbox):
+            if not self.rt.settings.server.keep_generating:
+                self.stop(session, remote=False)
+            self._forget_idle(session)
 
     async def after_hello(self, session: Session) -> None:
         """Announce the restore trim (once) and send the meter for the session's route."""
@@ -147,18 +163,23 @@ class SessionHub:
     def deleted(self, session_id: str) -> None:
         """The session was deleted through the API: stop its turn and tell its open tabs."""
         session = self.sessions.pop(session_id, None)
-        if session is None:
-            return
-        self.stop(session)
-        session.emit(error_frame(UnknownSession("this session was deleted; start a new chat")))
+        if session is not None:
+            self.stop(session)
+        channel = session.channel if session else self._shared_channel(session_id)
+        if channel is not None:
+            channel.emit(error_frame(UnknownSession("this session was deleted; start a new chat")))
+        if session is None and self.live is not None:
+            self.spawn(self._stop_remote, session_id)
 
     async def renamed(self, session_id: str) -> None:
-        """The session was renamed through the API: its open tabs show the new title."""
+        """The session was renamed through the API: its open tabs (on any instance) show the new title."""
         session = self.sessions.get(session_id)
-        summary = await self.rt.store.get_summary(session_id) if session else None
-        if session is not None and summary is not None:
-            session.title = summary.title
-            session.emit(server_frame("title", title=summary.title))
+        channel = session.channel if session else self._shared_channel(session_id)
+        summary = await self.rt.store.get_summary(session_id) if channel else None
+        if channel is not None and summary is not None:
+            if session is not None:
+                session.title = summary.title
+            channel.emit(server_frame("title", title=summary.title))
 
     def spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run ``fn`` in the app's task group; a failure is logged, never allowed to stop the server."""
@@ -178,12 +199,17 @@ class SessionHub:
         await self.rt.store.set_route(session.id, route.name)
         await session.emit_meter(route, "switch")
 
-    def stop(self, session: Session) -> None:
+    def stop(self, session: Session, remote: bool = True) -> None:
+        """Cancel the session's turn: here, or (``remote``) on the instance that runs it."""
+        session = self.sessions.get(session.id, session)
         if session.turn is not None:
             session.turn.cancel_scope.cancel()
+        elif remote and self.live is not None:
+            self.spawn(self._stop_remote, session.id)
 
     async def submit(self, session: Session, message_id: str, content: str,
                      payloads: list[ImagePayload], retry_of: str | None = None) -> None:
+        session = await self.current(session)
         if message_id in session.client_ids:
             return  # a client resending after a reconnect: the message is already durable
         if content.strip().split(" ", 1)[0] == MODEL_COMMAND:
@@ -197,14 +223,21 @@ class SessionHub:
         turn_id = uuid.uuid4().hex[:12]
         # Claim the session before the first await: two tabs sending at once start one turn.
         handle = session.turn = TurnHandle(turn_id, anyio.CancelScope())
+        claim: Claim | None = None
         try:
+            claim = await self._claim(session, turn_id)
             route, text = await self._accept(session, message_id, content, images, turn_id, retry_of)
         except BaseException:
             session.turn = None
+            if claim is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._release(session, claim)
             raise
         await self._maybe_title(session, text)
         turn = Turn(self.rt, session, turn_id, route, self.compaction)
-        self.spawn(self._run_turn, session, turn, handle)
+        if claim is not None:
+            self.spawn(self._heartbeat, session, handle, claim)
+        self.spawn(self._run_turn, session, turn, handle, claim)
 
     async def _accept(self, session: Session, message_id: str, content: str, images: list[Image],
                       turn_id: str, retry_of: str | None) -> tuple[Route, str]:
@@ -230,7 +263,7 @@ class SessionHub:
         await self.rt.store.rename_session(session.id, title)
         session.emit(server_frame("title", title=title))
 
-    async def _run_turn(self, session: Session, turn: Turn, handle: TurnHandle) -> None:
+    async def _run_turn(self, session: Session, turn: Turn, handle: TurnHandle, claim: Claim | None) -> None:
         try:
             if turn.route != session.route:
                 await turn.emit_meter("hint")
@@ -243,5 +276,114 @@ class SessionHub:
         finally:
             session.turn = None
             handle.done.set()
+            if claim is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._release(session, claim)
         if turn.route != session.route:
             await session.emit_meter(session.route, "done")
+
+    # --- several instances (live mode) --------------------------------------------------------
+
+    async def current(self, session: Session) -> Session:
+        """The cached session, reloaded from the store when another instance changed it (its
+        frames came through the shared stream) and no turn runs on it here."""
+        cached = self.sessions.get(session.id, session)
+        channel = cached.channel
+        if not isinstance(channel, RedisChannel) or not channel.stale or cached.turn is not None:
+            return cached
+        channel.stale = False
+        fresh = await self._load(cached.id, channel=channel)
+        if fresh is None:
+            return cached
+        self.sessions[fresh.id] = fresh
+        return fresh
+
+    def _forget_idle(self, session: Session) -> None:
+        """Live mode keeps only sessions watched or running here: another instance may change the
+        rest, so they are read from the store again when next opened."""
+        if self.live is not None and not session.channel.watched and session.turn is None:
+            if self.sessions.get(session.id) is session:
+                del self.sessions[session.id]
+
+    def _shared_channel(self, session_id: str) -> FrameChannel | None:
+        return self.live.channel(session_id) if self.live is not None else None
+
+    async def _remote_turn(self, session: Session) -> tuple[int, Callable[[], list[Frame]]] | None:
+        """A turn running on another instance: where its frames start, and the snapshot without it."""
+        if self.live is None or session.turn is not None:
+            return None
+        claim = await self.live.lease.holder(session.id)
+        if claim is None or claim.instance == self.live.instance:
+            return None
+
+        def before() -> list[Frame]:
+            frame = history_frame(session)
+            kept = [m for m in frame["messages"] if m.get("turn_id") != claim.turn_id]
+            return [{**frame, "messages": kept}]
+        return claim.start, before
+
+    async def _claim(self, session: Session, turn_id: str) -> Claim | None:
+        if self.live is None:
+            return None
+        claim = await self.live.lease.acquire(session.id, turn_id)
+        if claim is None:
+            raise Busy("a reply is still being written in this session (on another server); stop it or wait")
+        return claim
+
+    async def _release(self, session: Session, claim: Claim) -> None:
+        assert self.live is not None
+        try:
+            await self.live.lease.release(session.id, claim)
+        except LiveUnavailable as exc:  # the lease expires by itself
+            log.warning("live: lease of session %s not released: %s", session.id, exc)
+        self._forget_idle(session)
+
+    async def _heartbeat(self, session: Session, handle: TurnHandle, claim: Claim) -> None:
+        assert self.live is not None
+        beat = self.live.lease.ttl_ms / 3000
+        while not handle.done.is_set():
+            with anyio.move_on_after(beat):
+                await handle.done.wait()
+            if handle.done.is_set():
+                return
+            try:
+                ours = await self.live.lease.extend(session.id, claim)
+            except LiveUnavailable:
+                continue  # Redis is away (the tail tells the clients); try again next beat
+            if not ours:  # taken over: another instance closed this turn; stop writing it
+                log.warning("live: lease of turn %s lost; stopping it", claim.turn_id)
+                handle.cancel_scope.cancel()
+                return
+
+    async def _stop_remote(self, session_id: str) -> None:
+        assert self.live is not None
+        claim = await self.live.lease.holder(session_id)
+        if claim is not None and claim.instance != self.live.instance:
+            await self.live.send_control(claim.instance, {"op": "stop", "session_id": session_id,
+                                                          "turn_id": claim.turn_id})
+
+    def on_control(self, message: dict[str, Any]) -> None:
+        """A request from another instance for a turn running here."""
+        session = self.sessions.get(str(message.get("session_id")))
+        if message.get("op") == "stop" and session is not None and session.turn is not None \
+                and session.turn.turn_id == message.get("turn_id"):
+            session.turn.cancel_scope.cancel()
+
+    async def take_over(self, session_id: str, orphan: Claim) -> None:
+        """The instance running a turn died: close the turn (its reply so far is in the store,
+        marked interrupted) and tell every client of the session."""
+        assert self.live is not None
+        claim = await self.live.lease.take_over(session_id, orphan, uuid.uuid4().hex[:12])
+        if claim is None:
+            return  # another instance did it, or the turn came back to life
+        try:
+            channel = self.live.channel(session_id)
+            channel.stale = True  # the store holds what the lost instance flushed
+            log.warning("live: instance %s lost turn %s of session %s; closing it", orphan.instance,
+                        orphan.turn_id, session_id)
+            channel.emit(error_frame(InstanceLost(
+                "the server writing this reply stopped; the text so far is kept, marked interrupted"),
+                turn_id=orphan.turn_id))
+            await channel.settle()
+        finally:
+            await self.live.lease.release(session_id, claim)
