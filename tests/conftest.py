@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["tests.fakes.fixtures"]  # fake_openai, fake_anthropic, fake_ollama
+pytest_plugins = ["tests.fakes.fixtures", "tests.redis_support"]  # fake providers; redis_server
 
 
 @pytest.fixture(scope="session")
