@@ -368,7 +368,15 @@ def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None
         check_route(route.provider, providers, f"model_routes[{index}].provider")
     rules = [ClassifierRule(**row) for row in _read_list(classifier, "rules", RULE_SCHEMA, "classifier.")]
     return Settings(ServerSettings(**server), RuntimeSettings(**runtime), providers, default_route,
-                    routes, rules, source, LiveSettings(**_read_section(data, "live", env)))
+                    routes, rules, source, _read_live(data, env))
+
+
+def _read_live(data: Mapping[str, Any], env: Mapping[str, str]) -> LiveSettings:
+    live = _read_section(data, "live", env)
+    for key in ("lease_ttl_ms", "stream_max_frames"):
+        if live[key] <= 0:
+            raise ConfigError(f"live.{key}: expected a positive integer, got {live[key]!r}")
+    return LiveSettings(**live)
 
 
 def load_settings(path: str | os.PathLike[str] | None = None,

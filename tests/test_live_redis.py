@@ -182,3 +182,15 @@ async def test_live_lease_is_exclusive_and_released_only_by_its_holder(redis_ser
     await theirs.release("leasetest", taken)
     assert await theirs.holder("leasetest") is None
     await redis.aclose()
+
+
+def test_live_settings_are_read_and_checked():
+    from server.config import settings_from_mapping
+    from server.errors import ConfigError
+
+    settings = settings_from_mapping({"live": {"url": "redis://127.0.0.1:1/0"}},
+                                     env={"METERCHAT_LIVE_LEASE_TTL_MS": "3000"})
+    assert settings.live == LiveSettings(url="redis://127.0.0.1:1/0", lease_ttl_ms=3000)
+    assert settings_from_mapping({}, env={}).live.url == ""
+    with pytest.raises(ConfigError, match="live.stream_max_frames"):
+        settings_from_mapping({"live": {"stream_max_frames": 0}}, env={})
