@@ -194,6 +194,7 @@ class SessionHub:
     # --- requests -----------------------------------------------------------------------------
 
     async def switch(self, session: Session, route_text: str) -> None:
+        session = await self.current(session)
         route = self.rt.resolver.parse(route_text.strip(), kind="switch")
         session.route = route
         await self.rt.store.set_route(session.id, route.name)

@@ -81,7 +81,7 @@ def write_config(tmp_path: Path, redis: RedisServer, delay_ms: int = 30) -> Path
     config = tmp_path / "meterchat.toml"
     config.write_text(
         f'[server]\ndata_dir = "{tmp_path / "data"}"\nstore_flush_ms = 50\n'
-        f'[live]\nurl = "{redis.url}"\nlease_ttl_ms = 1500\n'
+        f'[live]\nurl = "{redis.url}"\nlease_ttl_ms = 3000\n'
         f'[providers.demo]\nkind = "demo"\nmodel = "demo-small"\ncontext_window = 4096\n'
         f'delay_ms = {delay_ms}\n', encoding="utf-8")
     return config

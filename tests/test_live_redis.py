@@ -194,3 +194,16 @@ def test_live_settings_are_read_and_checked():
     assert settings_from_mapping({}, env={}).live.url == ""
     with pytest.raises(ConfigError, match="live.stream_max_frames"):
         settings_from_mapping({"live": {"stream_max_frames": 0}}, env={})
+
+
+async def test_live_switch_sent_to_b_holds_for_the_next_turn_on_a(tmp_path, redis_server):
+    with two_servers(tmp_path, redis_server) as (a_address, b_address):
+        async with client(a_address) as a, client(b_address) as b:
+            await a.hello()
+            await b.hello(a.session_id)
+            first = await a.start_turn("hello", "q1")
+            await b.send("switch_model", route="demo/demo-open")
+            first += await a.until("done")
+            second = await a.say("and now?", id="q2")
+    assert of_type(first, "route")[0]["model"] == "demo-small"  # a turn finishes on its route
+    assert of_type(second, "route")[0]["model"] == "demo-open"
