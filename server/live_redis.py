@@ -1,20 +1,23 @@
 """The live side shared by several instances through Redis (``[live] url``).
 
-Per session, three keys (``lease.py`` adds two more for turns):
+Per session, three keys and a pub/sub channel (``lease.py`` adds two keys for turns):
 
     meterchat:s:<id>:seq      the seq counter (INCR); born at the clock in microseconds, so a counter
                               lost with Redis restarts above every seq a client may still hold
     meterchat:s:<id>:frames   the frames, a stream capped with MAXLEN ~ ``stream_max_frames``; entry id
                               ``<seq>-0``, fields ``f`` (the frame as JSON, without seq), ``o`` (instance)
+    meterchat:s:<id>:live     pub/sub: ``<seq>|<instance>|<frame JSON>`` for each frame, as appended
 
 ``RedisChannel.emit`` queues the frame; one flusher per instance sends every queued frame in one
-pipelined round trip (the append script: INCR + XADD + PUBLISH for observed types), so a streaming
-turn never waits on Redis and a busy instance pays well under one round trip per chunk. Local
-clients get each frame the moment its seq is known when nothing can be missing before it; otherwise
-the tail does: one ``XREAD BLOCK`` per instance over the streams of every session a local client
-watches, delivering in stream order. A ``pubsub`` loop feeds the observer bus (``/events`` on every
-instance) and the instance's control channel (``stop`` from another instance). A watchdog looks for
-turns whose instance died (``lease.TurnLease.orphaned``).
+pipelined round trip (the append script: INCR + XADD + PUBLISH), so a streaming turn never waits on
+Redis and a busy instance pays well under one round trip per chunk. Local clients get each frame
+the moment its seq is known when nothing can be missing before it; otherwise (frames of other
+instances) from the session's live channel, which every instance with a local client of the session
+subscribes to: pushes, so watching costs no round trip per frame. Seqs are dense, so a gap shows
+what pub/sub dropped, and the stream fills it (also right after subscribing). The same pub/sub
+connection feeds the observer bus (``/events`` on every instance) and the instance's control
+channel (``stop`` from another instance). A watchdog looks for turns whose instance died
+(``lease.TurnLease.orphaned``).
 
 When Redis goes away, local clients get a ``live_unavailable`` error and their sockets close, so they
 reconnect and resume (or get the error again) instead of waiting on a stream that says nothing.
@@ -31,6 +34,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
@@ -47,7 +51,6 @@ log = logging.getLogger(__name__)
 
 EVENTS_CHANNEL = PREFIX + "events"
 STREAM_TTL_MS = 24 * 3600 * 1000  # an idle session's stream and counter leave Redis after a day
-TAIL_BLOCK_MS = 5000
 RETRY_SECONDS = 0.5
 
 _APPEND = """
@@ -61,6 +64,7 @@ local id = string.format('%.0f', seq)
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], id .. '-0', 'f', ARGV[2], 'o', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
+redis.call('PUBLISH', KEYS[3], id .. '|' .. ARGV[3] .. '|' .. ARGV[2])
 if ARGV[5] ~= '' then redis.call('PUBLISH', ARGV[5], '{"seq": ' .. id .. ', "event": ' .. ARGV[6] .. '}') end
 return seq
 """
@@ -109,13 +113,13 @@ class RedisChannel(FrameChannel):
         elif seq == self.seq + 1:  # nothing can be missing before it: no need to wait for the tail
             self.deliver(frame)
 
-    def arrived(self, seq: int, fields: dict[str, str]) -> None:
-        """The tail read one stream entry."""
+    def arrived(self, seq: int, origin: str, body: str) -> None:
+        """A frame from the session's live channel or its stream, in seq order."""
         if seq <= self.seq:
             return
-        if fields.get("o") != self.live.instance:
+        if origin != self.live.instance:
             self.stale = True
-        self.deliver({**json.loads(fields["f"]), "seq": seq})
+        self.deliver({**json.loads(body), "seq": seq})
 
     def deliver(self, frame: Frame) -> None:
         self.seq = frame["seq"]
@@ -211,10 +215,9 @@ class RedisLive:
         self.frames_sent = 0
         self._queue: list[tuple[RedisChannel, Frame]] = []
         self._queued = anyio.Event()
-        self._wake = False
-        self._wake_key = f"{PREFIX}wake:{self.instance}"
-        self._wake_id = "$"
         self._append_sha = ""
+        self._pubsub: PubSub | None = None
+        self._tasks: TaskGroup | None = None
 
     def channel(self, session_id: str) -> RedisChannel:
         return self.watched.get(session_id) or RedisChannel(session_id, self)
@@ -226,7 +229,8 @@ class RedisLive:
             self._append_sha = await self.redis.script_load(_APPEND)
         except RedisError as exc:
             raise LiveUnavailable(f"live.url: cannot reach Redis ({exc})") from exc
-        for loop in (self._flush_loop, self._tail_loop, self._pubsub_loop, self._watchdog_loop):
+        self._tasks = tasks
+        for loop in (self._flush_loop, self._listen_loop, self._watchdog_loop):
             tasks.start_soon(loop)
 
     async def aclose(self) -> None:
@@ -239,21 +243,36 @@ class RedisLive:
         self._queued.set()
 
     def watch(self, channel: RedisChannel) -> None:
+        """A local client joined: subscribe to the session's live channel (the listener catches
+        up from the stream once Redis confirms, so nothing published in between is missed)."""
         self.watched[channel.session_id] = channel
-        self._wake = True  # the tail's XREAD must learn the new stream: the flusher pokes it
-        self._queued.set()
+        self._subscription("subscribe", channel.session_id)
 
     def unwatch(self, channel: RedisChannel) -> None:
         if self.watched.get(channel.session_id) is channel:
             del self.watched[channel.session_id]
+            self._subscription("unsubscribe", channel.session_id)
+
+    def _subscription(self, command: str, session_id: str) -> None:
+        pubsub, tasks = self._pubsub, self._tasks
+        if pubsub is None or tasks is None:
+            return  # the listener subscribes to every watched session when it (re)connects
+
+        async def send() -> None:
+            try:
+                await pubsub.execute_command(command.upper(), session_key(session_id, "live"))
+            except RedisError as exc:  # the listener sees the same failure and reconnects
+                log.warning("live: %s %s failed: %s", command, session_id, exc)
+
+        tasks.start_soon(send)
 
     async def _flush_loop(self) -> None:
         while True:
             await self._queued.wait()
             self._queued = anyio.Event()
-            batch, self._queue, wake, self._wake = self._queue, [], self._wake, False
+            batch, self._queue = self._queue, []
             try:
-                seqs = await self._append(batch, wake)
+                seqs = await self._append(batch)
             except RedisError as exc:
                 log.warning("live: %d frames not sent: %s", len(batch), exc)
                 for channel in {channel for channel, _ in batch}:
@@ -262,28 +281,26 @@ class RedisLive:
             for (channel, frame), seq in zip(batch, seqs, strict=True):
                 channel.assigned(frame, seq)
 
-    async def _append(self, batch: list[tuple[RedisChannel, Frame]], wake: bool) -> list[int | None]:
+    async def _append(self, batch: list[tuple[RedisChannel, Frame]]) -> list[int | None]:
         for attempt in (1, 2):
             try:
-                return await self._send(batch, wake)
+                return await self._send(batch)
             except NoScriptError:  # Redis restarted empty: load the script again, once
                 if attempt == 2:
                     raise
                 self._append_sha = await self.redis.script_load(_APPEND)
         return []
 
-    async def _send(self, batch: list[tuple[RedisChannel, Frame]], wake: bool) -> list[int | None]:
+    async def _send(self, batch: list[tuple[RedisChannel, Frame]]) -> list[int | None]:
         async with self.redis.pipeline(transaction=False) as pipe:
             for channel, frame in batch:
                 sid = channel.session_id
                 event = json.dumps({"session_id": sid, "frame": frame}) if frame.get("type") in \
                     OBSERVED_TYPES else ""
-                pipe.evalsha(self._append_sha, 2, session_key(sid, "seq"), session_key(sid, "frames"),
-                             self.max_frames, json.dumps(frame, ensure_ascii=False), self.instance,
-                             STREAM_TTL_MS, EVENTS_CHANNEL if event else "", event)
-            if wake:
-                pipe.xadd(self._wake_key, {"w": "1"}, maxlen=10, approximate=False)
-                pipe.pexpire(self._wake_key, STREAM_TTL_MS)
+                keys = [session_key(sid, part) for part in ("seq", "frames", "live")]
+                body = json.dumps(frame, ensure_ascii=False)
+                pipe.evalsha(self._append_sha, 3, *keys, self.max_frames, body, self.instance, STREAM_TTL_MS,
+                             EVENTS_CHANNEL if event else "", event)
             replies = await pipe.execute()
         self.round_trips += 1
         self.frames_sent += len(batch)
@@ -313,50 +330,48 @@ class RedisLive:
         except RedisError as exc:
             raise LiveUnavailable(f"the live stream is unavailable ({exc})") from exc
 
-    async def _tail_loop(self) -> None:
-        while True:
-            streams: dict[Any, Any] = {self._wake_key: self._wake_id}
-            streams.update({session_key(sid, "frames"): f"{ch.seq}-0" for sid, ch in self.watched.items()})
-            try:
-                replies = await self.redis.xread(streams, block=TAIL_BLOCK_MS)
-            except RedisError as exc:
-                log.warning("live: tail lost Redis: %s", exc)
-                for channel in list(self.watched.values()):
-                    channel.lost(exc)
-                await anyio.sleep(RETRY_SECONDS)
-                continue
-            self._tailed(replies)
-
-    def _tailed(self, replies: Any) -> None:
-        items = replies.items() if isinstance(replies, dict) else (replies or [])
-        for key, entries in items:
-            if key == self._wake_key:
-                self._wake_id = entries[-1][0]
-                continue
-            channel = self.watched.get(key[len(PREFIX) + 2:-len(":frames")])
-            for entry_id, fields in entries:
-                if channel is not None:
-                    channel.arrived(stream_seq(entry_id), fields)
-
-    async def _pubsub_loop(self) -> None:
-        mine = control_channel(self.instance)
+    async def _listen_loop(self) -> None:
+        """One pub/sub connection: observer events, this instance's control channel and the live
+        channel of every session a local client watches. Pushes cost no request: a watching
+        instance pays no round trip per frame."""
         while True:
             try:
                 async with self.redis.pubsub() as pubsub:
-                    await pubsub.subscribe(EVENTS_CHANNEL, mine)
+                    await pubsub.subscribe(EVENTS_CHANNEL, control_channel(self.instance),
+                                           *(session_key(sid, "live") for sid in self.watched))
+                    self._pubsub = pubsub
                     async for message in pubsub.listen():
-                        if message.get("type") == "message":
-                            self._heard(message["channel"], json.loads(message["data"]))
+                        await self._heard(message)
             except RedisError as exc:
-                log.warning("live: pub/sub lost Redis: %s", exc)
+                self._pubsub = None
+                log.warning("live: lost Redis: %s", exc)
+                for channel in list(self.watched.values()):
+                    channel.lost(exc)
                 await anyio.sleep(RETRY_SECONDS)
 
-    def _heard(self, channel: str, data: dict[str, Any]) -> None:
-        if channel == EVENTS_CHANNEL:
+    async def _heard(self, message: dict[str, Any]) -> None:
+        name, kind = message.get("channel", ""), message.get("type")
+        if name.endswith(":live"):
+            channel = self.watched.get(name[len(PREFIX) + 2:-len(":live")])
+            if channel is not None and kind == "subscribe":
+                await self._catch_up(channel)
+            elif channel is not None and kind == "message":
+                seq, origin, body = message["data"].split("|", 2)
+                if int(seq) > channel.seq + 1:  # a gap: what pub/sub dropped is in the stream
+                    await self._catch_up(channel)
+                channel.arrived(int(seq), origin, body)
+        elif kind == "message" and name == EVENTS_CHANNEL:
+            data = json.loads(message["data"])
             event = data["event"]
             self.bus.publish(event["session_id"], {**event["frame"], "seq": data["seq"]})
-        else:
-            self.on_control(data)
+        elif kind == "message":
+            self.on_control(json.loads(message["data"]))
+
+    async def _catch_up(self, channel: RedisChannel) -> None:
+        entries: list[Any] = await self.redis.xrange(session_key(channel.session_id, "frames"),
+                                                     f"({channel.seq}-0", "+") or []
+        for entry_id, fields in entries:
+            channel.arrived(stream_seq(entry_id), fields.get("o", ""), fields["f"])
 
     async def send_control(self, instance: str, message: dict[str, Any]) -> None:
         try:

@@ -26,7 +26,7 @@ from tests.support import Client, client, of_type, text_of
 
 pytestmark = pytest.mark.anyio
 
-STARTED = "Application startup complete"
+STARTED = "Uvicorn running on"  # logged once the port is bound
 ENDINGS = ("done", "aborted", "error")
 
 
@@ -35,17 +35,24 @@ class Instance:
 
     def __init__(self, config: Path) -> None:
         self.config = config
+        for _ in range(3):  # the free port may be taken between the probe and the bind
+            if self._start():
+                return
+        raise RuntimeError("meterchat did not start:\n" + "".join(self.log[-30:]))
+
+    def _start(self) -> bool:
         self.port = free_port()
         self.started = threading.Event()
         self.exited = threading.Event()
         self.log: list[str] = []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "server", "--config", str(config), "--port", str(self.port),
+            [sys.executable, "-m", "server", "--config", str(self.config), "--port", str(self.port),
              "--log-level", "info"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         threading.Thread(target=self._read, daemon=True).start()
-        if not self.started.wait(30) or self.exited.is_set():
-            self.stop()
-            raise RuntimeError("meterchat did not start:\n" + "".join(self.log[-30:]))
+        if self.started.wait(30) and not self.exited.is_set():
+            return True
+        self.stop()
+        return False
 
     def _read(self) -> None:
         assert self.process.stderr is not None
