@@ -42,6 +42,11 @@ def new_session_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
+def lost_turn(orphan: Claim) -> Frame:
+    return error_frame(InstanceLost("the server writing this reply stopped; the text so far is kept, "
+                                    "marked interrupted"), turn_id=orphan.turn_id)
+
+
 class SessionHub:
     def __init__(self, rt: Runtime, live: RedisLive | None = None) -> None:
         self.rt = rt
@@ -326,9 +331,12 @@ class SessionHub:
     async def _claim(self, session: Session, turn_id: str) -> Claim | None:
         if self.live is None:
             return None
-        claim = await self.live.lease.acquire(session.id, turn_id)
-        if claim is None:
+        got = await self.live.lease.acquire(session.id, turn_id)
+        if got is None:
             raise Busy("a reply is still being written in this session (on another server); stop it or wait")
+        claim, orphan = got
+        if orphan is not None:  # a dead instance's turn nobody closed: close it before the new one
+            session.emit(lost_turn(orphan))
         return claim
 
     async def _release(self, session: Session, claim: Claim) -> None:
@@ -382,9 +390,7 @@ class SessionHub:
             channel.stale = True  # the store holds what the lost instance flushed
             log.warning("live: instance %s lost turn %s of session %s; closing it", orphan.instance,
                         orphan.turn_id, session_id)
-            channel.emit(error_frame(InstanceLost(
-                "the server writing this reply stopped; the text so far is kept, marked interrupted"),
-                turn_id=orphan.turn_id))
+            channel.emit(lost_turn(orphan))
             await channel.settle()
         finally:
             await self.live.lease.release(session_id, claim)

@@ -32,8 +32,9 @@ local start = redis.call('GET', KEYS[3]) or '0'
 -- Built by hand: cjson would print a 16-digit seq in exponent form, losing its last digits.
 local token = '{"instance": "' .. ARGV[1] .. '", "turn_id": "' .. ARGV[2] .. '", "start": ' .. start .. '}'
 if not redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[3]) then return false end
+local orphan = redis.call('GET', KEYS[2]) or ''
 redis.call('SET', KEYS[2], token, 'PX', ARGV[4])
-return token
+return {token, orphan}
 """
 _EXTEND = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
@@ -108,12 +109,17 @@ class TurnLease:
         return [session_key(session_id, "lease"), session_key(session_id, "turn"),
                 session_key(session_id, "seq")]
 
-    async def acquire(self, session_id: str, turn_id: str) -> Claim | None:
-        """Claim the session for ``turn_id``; None when another turn (on any instance) holds it."""
+    async def acquire(self, session_id: str, turn_id: str) -> tuple[Claim, Claim | None] | None:
+        """Claim the session for ``turn_id``: the claim, and the marker of a turn whose instance
+        died and that nobody closed yet (this claim replaces it). None when another turn (on any
+        instance) holds the session."""
         async with translated():
-            token = await self._acquire(keys=self._keys(session_id),
+            reply = await self._acquire(keys=self._keys(session_id),
                                         args=[self.instance, turn_id, self.ttl_ms, MARKER_TTL_MS])
-        return Claim.parse(token) if token else None
+        if not reply:
+            return None
+        token, orphan = reply
+        return Claim.parse(token), Claim.parse(orphan) if orphan else None
 
     async def extend(self, session_id: str, claim: Claim) -> bool:
         """The heartbeat; False when the claim is no longer ours (expired, taken over)."""

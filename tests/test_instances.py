@@ -218,3 +218,12 @@ async def turn_after_restart(c: Client) -> dict[str, Any]:
             elif turn_id and frame.get("turn_id") == turn_id and frame["type"] in ENDINGS:
                 return frame
     raise AssertionError("no message was accepted after the restart")
+
+
+def test_instances_a_server_that_cannot_reach_redis_does_not_start(tmp_path):
+    config = tmp_path / "meterchat.toml"
+    config.write_text(f'[server]\ndata_dir = "{tmp_path / "data"}"\n'
+                      f'[live]\nurl = "redis://127.0.0.1:{free_port()}/0"\n', encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "server", "--config", str(config), "--port", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "live.url: cannot reach Redis" in done.stderr

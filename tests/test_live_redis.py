@@ -168,8 +168,9 @@ async def test_live_seq_stays_increasing_across_instances_and_a_counter_lost_wit
 async def test_live_lease_is_exclusive_and_released_only_by_its_holder(redis_server):
     redis = Redis.from_url(redis_server.url, decode_responses=True)
     mine, theirs = TurnLease(redis, "one", 5000), TurnLease(redis, "two", 5000)
-    claim = await mine.acquire("leasetest", "t1")
-    assert claim is not None and await theirs.acquire("leasetest", "t2") is None
+    got = await mine.acquire("leasetest", "t1")
+    assert got is not None and got[1] is None and await theirs.acquire("leasetest", "t2") is None
+    claim = got[0]
     assert await theirs.extend("leasetest", claim.__class__.parse(claim.token.replace("one", "two"))) is False
     assert await mine.extend("leasetest", claim) is True
     assert await theirs.orphaned(["leasetest"]) == []
@@ -181,6 +182,10 @@ async def test_live_lease_is_exclusive_and_released_only_by_its_holder(redis_ser
     assert (await theirs.holder("leasetest")) == taken
     await theirs.release("leasetest", taken)
     assert await theirs.holder("leasetest") is None
+    again = await theirs.acquire("leasetest", "t3")
+    await redis.delete("meterchat:s:leasetest:lease")  # its instance died; nobody took it over
+    replaced = await mine.acquire("leasetest", "t4")
+    assert again is not None and replaced is not None and replaced[1] == again[0]  # told, then replaced
     await redis.aclose()
 
 
@@ -207,3 +212,4 @@ async def test_live_switch_sent_to_b_holds_for_the_next_turn_on_a(tmp_path, redi
             second = await a.say("and now?", id="q2")
     assert of_type(first, "route")[0]["model"] == "demo-small"  # a turn finishes on its route
     assert of_type(second, "route")[0]["model"] == "demo-open"
+
