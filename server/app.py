@@ -100,7 +100,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 rt = Runtime(settings, store, providers, RouteResolver(settings, providers),
                              live.bus if live else EventBus(), tasks)
                 if live is not None:
-                    await live.start(tasks)
+                    await live.start(tasks, rt.resolver)
                 hub = SessionHub(rt, live)
                 state.update(rt=rt, hub=hub)
                 yield

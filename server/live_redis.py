@@ -44,6 +44,8 @@ from server.config import LiveSettings
 from server.errors import error_frame
 from server.events import OBSERVED_TYPES, EventBus
 from server.lease import PREFIX, Claim, InstanceLost, LiveUnavailable, TurnLease, session_key
+from server.live_shared import SharedCalibrations
+from server.routing import RouteResolver
 
 __all__ = ["InstanceLost", "LiveUnavailable", "RedisChannel", "RedisLive"]
 
@@ -224,9 +226,15 @@ class RedisLive:
 
     # --- running --------------------------------------------------------------------------------
 
-    async def start(self, tasks: TaskGroup) -> None:
+    async def start(self, tasks: TaskGroup, resolver: RouteResolver | None = None) -> None:
+        """Load the append script and run the loops; with ``resolver``, its calibration is shared."""
         try:
             self._append_sha = await self.redis.script_load(_APPEND)
+            if resolver is not None:
+                shared = SharedCalibrations(self.redis, tasks, self.instance)
+                await shared.load()
+                resolver.calibration = shared
+                tasks.start_soon(shared.listen)
         except RedisError as exc:
             raise LiveUnavailable(f"live.url: cannot reach Redis ({exc})") from exc
         self._tasks = tasks

@@ -213,3 +213,26 @@ async def test_live_switch_sent_to_b_holds_for_the_next_turn_on_a(tmp_path, redi
     assert of_type(first, "route")[0]["model"] == "demo-small"  # a turn finishes on its route
     assert of_type(second, "route")[0]["model"] == "demo-open"
 
+
+
+async def test_live_calibration_is_shared_by_every_instance(redis_server):
+    """A ratio learned on one instance is adopted by the others (and by one started later)."""
+    from server.live_shared import CALIBRATION_KEY, SharedCalibrations
+
+    redis = Redis.from_url(redis_server.url, decode_responses=True)
+    await redis.delete(CALIBRATION_KEY)
+    async with anyio.create_task_group() as tasks:
+        first, second = (SharedCalibrations(redis, tasks, name) for name in ("one", "two"))
+        tasks.start_soon(second.listen)
+        with anyio.fail_after(5):
+            await second.listening.wait()
+        heard = second.changed
+        first.observe("demo/demo-small", 1000, 1500)
+        with anyio.fail_after(5):
+            await heard.wait()
+        late = SharedCalibrations(redis, tasks, "three")
+        await late.load()
+        tasks.cancel_scope.cancel()
+    assert first.ratio("demo/demo-small") == second.ratio("demo/demo-small") == 1.5
+    assert late.apply("demo/demo-small", 1000) == 1500
+    await redis.aclose()
