@@ -5,6 +5,11 @@ a message becomes a durable user message and a ``Turn``; ``/model <route>`` and 
 change the session's route (a turn in flight finishes on the route it started with); ``stop``
 cancels the turn from any connected client. A stored session is restored with the turn limit and
 the orphan sweep applied, and the trim is announced to the first client that opens it.
+
+Live mode (``[live] url``, several instances): sessions' channels are ``RedisChannel``s; a turn
+starts only with the session's lease (``lease.TurnLease``), ``stop`` reaches the instance that holds
+it, a session another instance changed is read again from the store before it is used here, and a
+turn whose instance died is closed with ``instance_lost`` (docs/deployment-live.md).
 """
 
 from __future__ import annotations
