@@ -155,9 +155,11 @@ async def test_live_seq_stays_increasing_across_instances_and_a_counter_lost_wit
         await first.redis.delete("meterchat:s:seqtest:seq")
         later = one.emit({"type": "notice", "code": "x", "message": "after"})
         await one.settle()
-        got, end = await second.read_after("seqtest", frames[0]["seq"])  # type: ignore[misc]
+        seqs = sorted(frame["seq"] for frame in frames)
+        replay = await second.read_after("seqtest", seqs[0])
+        assert replay is not None
+        got, end = replay
         tasks.cancel_scope.cancel()
-    seqs = sorted(frame["seq"] for frame in frames)
     assert len(set(seqs)) == 100 and later["seq"] > seqs[-1] and end == later["seq"]
     assert [frame["seq"] for frame in got] == seqs[1:] + [later["seq"]]
     assert first.round_trips < first.frames_sent  # queued frames share a round trip
