@@ -345,9 +345,13 @@ class RedisLive:
         while True:
             try:
                 async with self.redis.pubsub() as pubsub:
+                    first = list(self.watched)
                     await pubsub.subscribe(EVENTS_CHANNEL, control_channel(self.instance),
-                                           *(session_key(sid, "live") for sid in self.watched))
-                    self._pubsub = pubsub
+                                           *(session_key(sid, "live") for sid in first))
+                    self._pubsub = pubsub  # from now on watch() subscribes by itself
+                    late = [session_key(sid, "live") for sid in self.watched if sid not in first]
+                    if late:  # watched while the first subscription was on its way
+                        await pubsub.subscribe(*late)
                     async for message in pubsub.listen():
                         await self._heard(message)
             except RedisError as exc:

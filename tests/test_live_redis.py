@@ -238,3 +238,45 @@ async def test_live_calibration_is_shared_by_every_instance(redis_server):
     assert first.ratio("demo/demo-small") == second.ratio("demo/demo-small") == 1.5
     assert late.apply("demo/demo-small", 1000) == 1500
     await redis.aclose()
+
+
+async def test_live_a_watcher_fills_a_gap_pub_sub_left_from_the_stream(redis_server):
+    """Frames that reached the stream but not the live channel (pub/sub drops what a subscriber
+    misses) are read from the stream when the next frame shows the gap: nothing lost, in order."""
+    from server.channel import Outbox
+    from server.lease import session_key
+
+    writer, watcher = (RedisLive(LiveSettings(url=redis_server.url), EventBus()) for _ in range(2))
+    async with anyio.create_task_group() as tasks:
+        for live in (writer, watcher):
+            await live.start(tasks)
+        outbox = Outbox()
+        watching = RedisChannel("gaptest", watcher)
+        await watching.join(outbox, None, head=lambda seq: {"type": "session", "seq": seq}, snapshot=list)
+        first = RedisChannel("gaptest", writer).emit({"type": "notice", "code": "x", "message": "one"})
+        got = await taken(outbox, 2, [])
+        # Two frames written behind pub/sub's back, as if the watcher had missed their messages.
+        for text in ("two", "three"):
+            seq = await writer.redis.incr(session_key("gaptest", "seq"))
+            await writer.redis.xadd(session_key("gaptest", "frames"), {
+                "f": json.dumps({"type": "notice", "code": "x", "message": text}), "o": "elsewhere"},
+                id=f"{seq}-0")
+        RedisChannel("gaptest", writer).emit({"type": "notice", "code": "x", "message": "four"})
+        await taken(outbox, 5, got)
+        tasks.cancel_scope.cancel()
+    frames = got[1:]
+    assert [f["message"] for f in frames] == ["one", "two", "three", "four"]
+    assert [f["seq"] for f in frames] == [first["seq"] + n for n in range(4)]
+    assert watching.stale  # frames from another instance: the session is read again before use
+    for live in (writer, watcher):
+        await live.aclose()
+
+
+async def taken(outbox, count: int, got: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drain ``outbox`` into ``got`` until it holds ``count`` frames."""
+    with anyio.fail_after(5):
+        while len(got) < count:
+            await outbox.wait()
+            got.extend(outbox.frames)
+            outbox.frames.clear()
+    return got
