@@ -1,4 +1,4 @@
-"""Per-turn cost of the history engine against history length: ``python bench/history.py``.
+"""Per-turn cost of the history engine against history length: ``python bench/history.py [--quick]``.
 
 Each round does what a session does every turn: append a new turn (user, assistant tool call, tool
 result, assistant answer), estimate, trim to the budget. The budget is the starting estimate, so
@@ -8,7 +8,8 @@ every round drops about one old turn and the history stays at its length. Three 
 - ledger:   ``HistoryLedger.append`` + ``estimate`` + ``trim`` (what the session should use);
 - naive:    list append + ``estimate_history_tokens`` + ``trim_to_recent_turns`` over the whole list.
 
-Figures are printed, never asserted.
+Figures are printed, never asserted. ``--quick`` runs small sizes and few rounds (about a second),
+to check the bench still runs, not to measure.
 """
 
 from __future__ import annotations
@@ -95,18 +96,19 @@ def bench_naive(turns: int, rounds: int) -> float:
     return timed(rounds, step)
 
 
-def main() -> None:
+def main(quick: bool = False) -> None:
+    sizes, scale = (SIZES[:2], 20) if quick else (SIZES, 1)
     print(f"{'turns':>7} {'baseline us':>12} {'ledger us':>10} {'x baseline':>11} {'x 100-turn':>11}"
           f" {'naive us':>10} {'naive x ledger':>15}")
     first: float | None = None
-    for turns in SIZES:
-        baseline = bench_baseline(turns, 20_000)
-        ledger = bench_ledger(turns, 5_000)
-        naive = bench_naive(turns, max(20, 200_000 // (turns * 4)))
+    for turns in sizes:
+        baseline = bench_baseline(turns, 20_000 // scale)
+        ledger = bench_ledger(turns, 5_000 // scale)
+        naive = bench_naive(turns, max(20, 200_000 // (turns * 4)) // scale)
         first = first or ledger
         print(f"{turns:>7} {baseline:>12.2f} {ledger:>10.2f} {ledger / baseline:>11.1f}"
               f" {ledger / first:>11.2f} {naive:>10.1f} {naive / ledger:>15.0f}")
 
 
 if __name__ == "__main__":
-    main()
+    main(quick="--quick" in sys.argv[1:])

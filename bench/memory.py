@@ -1,10 +1,11 @@
-"""Memory a live session holds as it streams: ``python bench/memory.py``.
+"""Memory a live session holds as it streams: ``python bench/memory.py [--quick]``.
 
 Streams replies of 400 chunks through ``Session.emit`` (the frame log for resume) and keeps the
 transcript and ledger as a session does, for 10, 100 and 1,000 turns. Prints the Python heap the
 session holds (tracemalloc) against the baseline measured in the same run: the bytes of text the
 turns contain. The frame log is bounded by ``FRAME_LOG_BYTES``, so the held memory should grow with
 the transcript (the text itself), not with every frame ever sent. Printed, never asserted.
+``--quick`` streams 2 and 10 turns (about a second), to check the bench still runs.
 """
 
 from __future__ import annotations
@@ -56,15 +57,15 @@ def measure(turns: int) -> tuple[int, int, int]:
     return held, text, live.channel.log.bytes
 
 
-def main() -> None:
+def main(quick: bool = False) -> None:
     print(f"{CHUNKS} chunks per reply; frame log bound {FRAME_LOG_BYTES / 2**20:.0f} MiB (estimated bytes)")
     print(f"{'turns':>6} {'frames sent':>12} {'text (baseline)':>16} {'held':>12} {'held / text':>12}"
           f" {'log bytes':>12}")
-    for turns in (10, 100, 1000):
+    for turns in (2, 10) if quick else (10, 100, 1000):
         held, text, log_bytes = measure(turns)
         print(f"{turns:>6} {turns * CHUNKS:>12,} {text:>16,} {held:>12,} {held / text:>12.1f}"
               f" {log_bytes:>12,}")
 
 
 if __name__ == "__main__":
-    main()
+    main(quick="--quick" in sys.argv[1:])

@@ -1,5 +1,5 @@
 """Per-turn cost of the session's own history path against the length of the transcript:
-``python bench/session.py``.
+``python bench/session.py [--quick]``.
 
 Each round does what ``server.turn.Turn`` does around one provider call: add the user message,
 apply the turn limit and the token budget through the session's ``HistoryLedger``, read the meter
@@ -12,7 +12,8 @@ sent), then add the reply. Two series:
   grows with what is sent (assembling a request is linear in it), shown for honesty.
 
 The baseline, measured in the same run, is appending the two messages to a list. Printed, never
-asserted.
+asserted. ``--quick`` runs the two smaller sizes with few rounds (about a second), to check the
+bench still runs.
 """
 
 from __future__ import annotations
@@ -62,15 +63,15 @@ def one_turn(live: Session, n: int, limit: int, budget: int) -> None:
     live.add(reply)
 
 
-def per_turn_us(turns: int, limit: int, budget: int) -> float:
-    """Best of three runs of ROUNDS turns each, on a session that already has ``turns`` turns."""
+def per_turn_us(turns: int, limit: int, budget: int, rounds: int = ROUNDS) -> float:
+    """Best of three runs of ``rounds`` turns each, on a session that already has ``turns`` turns."""
     best = float("inf")
     for _ in range(3):
         live = session_of(turns, limit)
         start = time.perf_counter()
-        for n in range(turns, turns + ROUNDS):
+        for n in range(turns, turns + rounds):
             one_turn(live, n, limit if limit else n + 1, budget)
-        best = min(best, (time.perf_counter() - start) / ROUNDS * 1e6)
+        best = min(best, (time.perf_counter() - start) / rounds * 1e6)
     return best
 
 
@@ -84,17 +85,18 @@ def baseline_us() -> float:
     return (time.perf_counter() - start) / ROUNDS * 1e6
 
 
-def main() -> None:
+def main(quick: bool = False) -> None:
+    sizes, rounds = (SIZES[:2], 20) if quick else (SIZES, ROUNDS)
     base = baseline_us()
     print(f"baseline (append two messages): {base:.2f} us per turn")
     print(f"{'series':<10} {'transcript turns':>16} {'us per turn':>12} {'x baseline':>11} {'x first':>8}")
     for name, limit, budget in (("bounded", 50, 32_000), ("all sent", 0, 0)):
         first = None
-        for size in SIZES:
-            us = per_turn_us(size, limit, budget)
+        for size in sizes:
+            us = per_turn_us(size, limit, budget, rounds)
             first = first or us
             print(f"{name:<10} {size:>16,} {us:>12.1f} {us / base:>11.0f} {us / first:>8.2f}")
 
 
 if __name__ == "__main__":
-    main()
+    main(quick="--quick" in sys.argv[1:])

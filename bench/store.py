@@ -1,6 +1,6 @@
 """What saving a streaming reply costs per chunk: on every chunk, or at 250 ms intervals.
 
-Run ``python bench/store.py [--chunks 2000] [--chunk-ms 20] [--flush-ms 250]``. A reply of
+Run ``python bench/store.py [--chunks 2000] [--chunk-ms 20] [--flush-ms 250] [--quick]``. A reply of
 ``--chunks`` pieces is streamed into a ``ChatMessage`` three ways, in the same run:
 
 - baseline: append each chunk to a Python string (the floor of the hot path);
@@ -9,7 +9,8 @@ Run ``python bench/store.py [--chunks 2000] [--chunk-ms 20] [--flush-ms 250]``. 
   and once at the end. Stream time is simulated (a chunk every ``--chunk-ms``) so the run does not
   sleep; the figure is the real work per chunk.
 
-Prints figures and ratios; asserts nothing. Best of three runs each.
+Prints figures and ratios; asserts nothing. Best of three runs each. ``--quick`` streams 500 chunks
+(about a second), to check the bench still runs.
 """
 
 from __future__ import annotations
@@ -97,5 +98,6 @@ if __name__ == "__main__":
     parser.add_argument("--chunks", type=int, default=2000)
     parser.add_argument("--chunk-ms", type=float, default=20.0)
     parser.add_argument("--flush-ms", type=float, default=250.0)
+    parser.add_argument("--quick", action="store_true", help="a short run: does the bench still work")
     args = parser.parse_args()
-    anyio.run(main, args.chunks, args.chunk_ms, args.flush_ms)
+    anyio.run(main, 500 if args.quick else args.chunks, args.chunk_ms, args.flush_ms)

@@ -1,18 +1,18 @@
 """Server overhead per streamed turn, each part in its own process as a user runs it: a fake
 OpenAI-style provider, the meterchat server (``python -m server``) and the client (this script).
 
-    python bench/stream.py [--turns 60] [--chunks 200] [--coalesce-ms 0]
+    python bench/stream.py [--turns 60] [--chunks 200] [--coalesce-ms 0] [--quick]
 
 Baseline, measured in the same run: the same fake streamed straight to an httpx client (the bare
 stack). Prints p50/p90 milliseconds per turn for both paths, the overhead per turn and per chunk,
-and the ratio. Nothing is asserted.
+and the ratio. Nothing is asserted. ``--quick`` runs 5 turns of 50 chunks (about a second), to
+check the bench still runs. The processes are started by ``tests.support.run_server``.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,11 +24,10 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.browser_support import free_port  # noqa: E402
-from tests.support import client  # noqa: E402
+from tests.support import client, run_server  # noqa: E402
 
 
-def serve_fake(port: int, chunks: int) -> None:
+def serve_fake(chunks: int) -> None:
     """Child process: the fake provider, answering every chat with ``chunks`` pieces."""
     import uvicorn
 
@@ -37,20 +36,8 @@ def serve_fake(port: int, chunks: int) -> None:
     fake = FakeOpenAI()
     pieces = [f"w{i} " for i in range(chunks)]
     fake.default = lambda body: Reply(text=pieces, usage=(100, chunks))
-    uvicorn.run(fake.app(), host="127.0.0.1", port=port, log_level="warning")
-
-
-def start(args: list[str], url: str) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen([sys.executable, *args], cwd=ROOT, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(url, timeout=1)
-            return process
-        except httpx.TransportError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"{args} did not start")
+    # info: run_server reads the port from uvicorn's "running on" line
+    uvicorn.run(fake.app(), host="127.0.0.1", port=0, log_level="info", access_log=False)
 
 
 async def bare_turn(http: httpx.AsyncClient, url: str) -> float:
@@ -86,24 +73,14 @@ def config(folder: Path, fake: str, coalesce_ms: int) -> Path:
 
 
 async def main(turns: int, chunks: int, coalesce_ms: int) -> None:
-    fake_port, port = free_port(), free_port()
-    fake = f"http://127.0.0.1:{fake_port}"
-    fake_args = [__file__, "--serve-fake", str(fake_port), "--chunks", str(chunks)]
-    processes = [start(fake_args, fake + "/v1/models")]
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = config(Path(tmp), fake, coalesce_ms)
-            processes.append(start(["-m", "server", "--config", str(path), "--port", str(port),
-                                    "--log-level", "warning"], f"http://127.0.0.1:{port}/healthz"))
-            async with httpx.AsyncClient(timeout=30) as http:
-                bare = [await bare_turn(http, fake) for _ in range(turns)]
-            async with client(f"127.0.0.1:{port}") as c:
-                await c.hello()
-                served = [await served_turn(c, n) for n in range(turns)]
-    finally:
-        for process in processes:
-            process.terminate()
-            process.wait(10)
+    with run_server([__file__, "--serve-fake", "--chunks", str(chunks)]) as fake, \
+            tempfile.TemporaryDirectory() as tmp, \
+            run_server(config(Path(tmp), fake.url, coalesce_ms)) as server:
+        async with httpx.AsyncClient(timeout=30) as http:
+            bare = [await bare_turn(http, fake.url) for _ in range(turns)]
+        async with client(server.address) as c:
+            await c.hello()
+            served = [await served_turn(c, n) for n in range(turns)]
     print(f"{turns} turns, {chunks} chunks per reply, coalesce_ms={coalesce_ms}; "
           "three processes on 127.0.0.1")
     b50 = summary("bare stack (fake -> httpx)", bare)
@@ -117,9 +94,12 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=60)
     parser.add_argument("--chunks", type=int, default=200)
     parser.add_argument("--coalesce-ms", type=int, default=0)
-    parser.add_argument("--serve-fake", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="a short run: does the bench still work")
+    parser.add_argument("--serve-fake", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_fake:
-        serve_fake(args.serve_fake, args.chunks)
+        serve_fake(args.chunks)
+    elif args.quick:
+        anyio.run(main, 5, 50, args.coalesce_ms)
     else:
         anyio.run(main, args.turns, args.chunks, args.coalesce_ms)

@@ -8,10 +8,13 @@
     GET    /api/sessions/{id}/export?format=md|json   200 attachment (text/markdown or application/json)
 
 A summary is ``{id, title, route, created_at, updated_at, message_count}``. Every error is
-``{"error": {"code", "message"}}``: 400 bad input, 404 unknown session, 409 id taken, 413 body over
-its limit. Authentication is the application's middleware, not this module's. ``on_change(id,
-what)`` is awaited after a committed ``renamed``, ``deleted`` or ``imported`` so live sessions can
-follow; its failure is logged and does not undo the answer.
+``{"error": {"code", "message"}}`` (``error_body``): 400 bad input, 404 unknown session, 409 id
+taken, 413 body over its limit; routes raise ``ClientError`` and the application's
+``EXCEPTION_HANDLERS`` render it. Authentication is the application's middleware, not this module's.
+
+The routes read their services from the lifespan state (``ApiState``): the ``store``, and
+``on_change(id, what)``, awaited after a committed ``renamed``, ``deleted`` or ``imported`` so live
+sessions can follow; its failure is logged and does not undo the answer.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypedDict
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -28,33 +31,45 @@ from starlette.routing import Route
 
 from server.errors import ClientError, SessionExists, TooLarge, UnknownSession
 from server.export import from_json, to_json, to_markdown
+from server.protocol import echo
 from server.store import SessionSummary, Store
 
 OnChange = Callable[[str, str], Awaitable[None]]
-Endpoint = Callable[[Request], Awaitable[Response]]
 MAX_IMPORT_BYTES = 32 * 1024 * 1024  # a long session with a few images
 MAX_PATCH_BYTES = 64 * 1024
 MAX_TITLE_CHARS = 200
+MAX_ID_CHARS = 200  # longer than any id this server makes or imports
 _STATUS = ((UnknownSession, 404), (SessionExists, 409), (TooLarge, 413), (ClientError, 400))
 log = logging.getLogger(__name__)
 
 
-def error_response(exc: ClientError) -> JSONResponse:
+class ApiState(TypedDict):
+    """What the routes read from ``request.state`` (the application's lifespan yields it)."""
+
+    store: Store
+    on_change: OnChange
+
+
+ApiRequest = Request[ApiState]
+
+
+def error_body(code: str, message: str) -> dict[str, Any]:
+    """The one shape of an HTTP error answer."""
+    return {"error": {"code": code, "message": message}}
+
+
+def error_response(request: Request, exc: Exception) -> Response:
+    """The ``ClientError`` handler: its status from the class, its body from ``error_body``."""
+    if not isinstance(exc, ClientError):  # registered for ClientError only; anything else is a bug
+        raise exc
     status = next(code for kind, code in _STATUS if isinstance(exc, kind))
-    return JSONResponse({"error": {"code": exc.code, "message": exc.message}}, status_code=status)
+    return JSONResponse(error_body(exc.code, exc.message), status_code=status)
 
 
-def _client_errors(endpoint: Endpoint) -> Endpoint:
-    async def wrapped(request: Request) -> Response:
-        try:
-            return await endpoint(request)
-        except ClientError as exc:
-            return error_response(exc)
-
-    return wrapped
+EXCEPTION_HANDLERS: Mapping[Any, Callable[[Request, Exception], Response]] = {ClientError: error_response}
 
 
-async def read_json(request: Request, limit: int) -> Any:
+async def read_json(request: Request[Any], limit: int) -> Any:
     """The request body as JSON, refusing (413) before reading more than ``limit`` bytes."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
@@ -68,55 +83,42 @@ async def read_json(request: Request, limit: int) -> Any:
         return json.loads(body)
     except ValueError as exc:
         raise ClientError(f"body: not valid JSON ({exc})") from exc
+    except RecursionError as exc:  # nesting deeper than Python's recursion limit
+        raise ClientError("body: not valid JSON (nested too deeply)") from exc
 
 
 class SessionsApi:
-    def __init__(self, store: Store, on_change: OnChange | None, max_import_bytes: int) -> None:
-        self.store = store
-        self.on_change = on_change
+    def __init__(self, max_import_bytes: int) -> None:
         self.max_import_bytes = max_import_bytes
 
-    async def _changed(self, session_id: str, what: str) -> None:
-        if self.on_change is None:
-            return
-        try:
-            await self.on_change(session_id, what)
-        except Exception:  # the store already holds the change; the answer must say so
-            log.exception("on_change(%r, %r) failed", session_id, what)
+    async def list(self, request: ApiRequest) -> Response:
+        store = request.state["store"]
+        return JSONResponse([summary.to_dict() for summary in await store.list_sessions()])
 
-    async def _summary(self, session_id: str) -> SessionSummary:
-        summary = await self.store.get_summary(session_id)
-        if summary is None:
-            raise UnknownSession(f"no session {session_id!r}")
-        return summary
+    async def get(self, request: ApiRequest) -> Response:
+        return JSONResponse((await _summary(request, _session_id(request))).to_dict())
 
-    async def list(self, request: Request) -> Response:
-        return JSONResponse([summary.to_dict() for summary in await self.store.list_sessions()])
-
-    async def get(self, request: Request) -> Response:
-        return JSONResponse((await self._summary(request.path_params["session_id"])).to_dict())
-
-    async def rename(self, request: Request) -> Response:
-        session_id = request.path_params["session_id"]
+    async def rename(self, request: ApiRequest) -> Response:
+        session_id = _session_id(request)
         title = _title(await read_json(request, MAX_PATCH_BYTES))
-        await self.store.rename_session(session_id, title)
-        await self._changed(session_id, "renamed")
-        return JSONResponse((await self._summary(session_id)).to_dict())
+        await request.state["store"].rename_session(session_id, title)
+        await _changed(request, session_id, "renamed")
+        return JSONResponse((await _summary(request, session_id)).to_dict())
 
-    async def delete(self, request: Request) -> Response:
-        session_id = request.path_params["session_id"]
-        await self.store.delete_session(session_id)
-        await self._changed(session_id, "deleted")
+    async def delete(self, request: ApiRequest) -> Response:
+        session_id = _session_id(request)
+        await request.state["store"].delete_session(session_id)
+        await _changed(request, session_id, "deleted")
         return Response(status_code=204)
 
-    async def export(self, request: Request) -> Response:
+    async def export(self, request: ApiRequest) -> Response:
         kind = request.query_params.get("format", "json")
         if kind not in ("md", "json"):
-            raise ClientError(f"format: expected md or json, got {kind!r}")
-        session_id = request.path_params["session_id"]
-        session = await self.store.get_session(session_id)
+            raise ClientError(f"format: expected md or json, got {echo(kind)}")
+        session_id = _session_id(request)
+        session = await request.state["store"].get_session(session_id)
         if session is None:
-            raise UnknownSession(f"no session {session_id!r}")
+            raise UnknownSession(f"no session {echo(session_id)}")
         filename = _filename(session.title, session_id, kind)
         headers = {"Content-Disposition": f'attachment; filename="{filename}"'}
         if kind == "md":
@@ -124,11 +126,34 @@ class SessionsApi:
         body = json.dumps(to_json(session), ensure_ascii=False, indent=2)
         return Response(body, media_type="application/json", headers=headers)
 
-    async def import_(self, request: Request) -> Response:
+    async def import_(self, request: ApiRequest) -> Response:
         session = from_json(await read_json(request, self.max_import_bytes))
-        await self.store.import_session(session)
-        await self._changed(session.id, "imported")
+        await request.state["store"].import_session(session)
+        await _changed(request, session.id, "imported")
         return JSONResponse({"session_id": session.id}, status_code=201)
+
+
+def _session_id(request: ApiRequest) -> str:
+    """The path's session id; one longer than any id this server makes names no session (and is
+    never quoted back whole by the store's errors)."""
+    session_id: str = request.path_params["session_id"]
+    if len(session_id) > MAX_ID_CHARS:
+        raise UnknownSession(f"no session {echo(session_id)}")
+    return session_id
+
+
+async def _summary(request: ApiRequest, session_id: str) -> SessionSummary:
+    summary = await request.state["store"].get_summary(session_id)
+    if summary is None:
+        raise UnknownSession(f"no session {echo(session_id)}")
+    return summary
+
+
+async def _changed(request: ApiRequest, session_id: str, what: str) -> None:
+    try:
+        await request.state["on_change"](session_id, what)
+    except Exception:  # the store already holds the change; the answer must say so
+        log.exception("on_change(%r, %r) failed", session_id, what)
 
 
 def _title(data: Any) -> str:
@@ -149,15 +174,14 @@ def _filename(title: str, session_id: str, extension: str) -> str:
     return f"meterchat-{slug}-{session_id[:8]}.{extension}"
 
 
-def api_routes(store: Store, *, on_change: OnChange | None = None,
-               max_import_bytes: int = MAX_IMPORT_BYTES) -> list[Route]:
-    api = SessionsApi(store, on_change, max_import_bytes)
+def api_routes(max_import_bytes: int = MAX_IMPORT_BYTES) -> list[Route]:
+    api = SessionsApi(max_import_bytes)
     one = "/api/sessions/{session_id}"
     return [
-        Route("/api/sessions", _client_errors(api.list), methods=["GET"]),
-        Route("/api/sessions/import", _client_errors(api.import_), methods=["POST"]),
-        Route(one, _client_errors(api.get), methods=["GET"]),
-        Route(one, _client_errors(api.rename), methods=["PATCH"]),
-        Route(one, _client_errors(api.delete), methods=["DELETE"]),
-        Route(one + "/export", _client_errors(api.export), methods=["GET"]),
+        Route("/api/sessions", api.list, methods=["GET"]),
+        Route("/api/sessions/import", api.import_, methods=["POST"]),
+        Route(one, api.get, methods=["GET"]),
+        Route(one, api.rename, methods=["PATCH"]),
+        Route(one, api.delete, methods=["DELETE"]),
+        Route(one + "/export", api.export, methods=["GET"]),
     ]

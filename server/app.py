@@ -6,6 +6,10 @@ group that outlives any single connection. Routes: ``/`` and ``/s/{session_id}``
 ``/static``, ``/ws`` (protocol v1), ``/events`` (observer bus as SSE), ``/api/sessions...``,
 ``/healthz``. When ``server.auth_token`` is set, ``/ws``, ``/events`` and ``/api`` need it as a
 bearer token (``Authorization`` header or ``?token=``); ``/ws`` also checks the Origin.
+
+The lifespan yields the shared services as typed state (``AppState``); handlers read them from
+``request.state`` / ``websocket.state``. API errors become the one envelope through
+``exception_handlers``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import contextlib
 import hmac
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
@@ -24,9 +29,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from server.api import api_routes
+from server.access import AccessGuard, redact_tokens_in_logs
+from server.api import EXCEPTION_HANDLERS, ApiState, OnChange, api_routes, error_body
 from server.config import Settings, load_settings
 from server.connection import Connection
 from server.events import EventBus, sse_stream
@@ -50,12 +57,12 @@ SUBPROTOCOL = "meterchat.v1"
 BEARER_PREFIX = "bearer."
 
 
-def offered_subprotocols(conn: HTTPConnection) -> list[str]:
+def offered_subprotocols(conn: HTTPConnection[Any]) -> list[str]:
     header = conn.headers.get("sec-websocket-protocol", "")
     return [part.strip() for part in header.split(",") if part.strip()]
 
 
-def given_token(conn: HTTPConnection) -> str:
+def given_token(conn: HTTPConnection[Any]) -> str:
     """The bearer token from the Authorization header, a ``bearer.<base64url>`` WebSocket subprotocol
     (what a browser can send without putting the token in a URL that logs keep), or ``?token=``."""
     header = conn.headers.get("authorization", "")
@@ -71,13 +78,13 @@ def given_token(conn: HTTPConnection) -> str:
     return conn.query_params.get("token", "")
 
 
-def authorized(conn: HTTPConnection, token: str) -> bool:
+def authorized(conn: HTTPConnection[Any], token: str) -> bool:
     if not token:
         return True
     return hmac.compare_digest(given_token(conn).encode(), token.encode())
 
 
-def origin_allowed(conn: HTTPConnection, allowed: list[str]) -> bool:
+def origin_allowed(conn: HTTPConnection[Any], allowed: list[str]) -> bool:
     origin = conn.headers.get("origin")
     if origin is None:
         return True  # not a browser: the token (if any) is the guard
@@ -86,13 +93,21 @@ def origin_allowed(conn: HTTPConnection, allowed: list[str]) -> bool:
     return urlsplit(origin).netloc == conn.headers.get("host", "")
 
 
+class AppState(ApiState):
+    """The lifespan's state: every handler reads the shared services from ``request.state``."""
+
+    hub: SessionHub
+    bus: EventBus
+
+
 def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or load_settings()
-    state: dict[str, object] = {}
-    store = open_store(settings.server.data_dir)
+    # here, not in the lifespan: a bad folder or an unreachable database stops start-up
+    store = open_store(settings.server.data_dir, settings.store.url, settings.store.pool_size,
+                       settings.store.timeout_seconds)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    async def lifespan(app: Starlette) -> AsyncIterator[AppState]:
         providers = {alias: build_provider(p) for alias, p in settings.providers.items()}
         live = RedisLive(settings.live, EventBus()) if settings.live.url else None
         try:
@@ -102,8 +117,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 if live is not None:
                     await live.start(tasks, rt.resolver)
                 hub = SessionHub(rt, live)
-                state.update(rt=rt, hub=hub)
-                yield
+                yield {"store": store, "on_change": live_sessions_follow(hub), "hub": hub, "bus": rt.bus}
                 tasks.cancel_scope.cancel()
         finally:
             if live is not None:
@@ -112,64 +126,76 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 await provider.aclose()
             await store.close()
 
-    def hub() -> SessionHub:
-        return state["hub"]  # type: ignore[return-value]
-
     async def page(request: Request) -> Response:
         response = templates.TemplateResponse(request, "index.html", {
             "static_prefix": "/static", "auth_required": bool(settings.server.auth_token)})
         response.headers["Content-Security-Policy"] = PAGE_POLICY
         return response
 
-    async def websocket_endpoint(websocket: WebSocket) -> None:
+    async def websocket_endpoint(websocket: WebSocket[AppState]) -> None:
         if not authorized(websocket, settings.server.auth_token) or \
                 not origin_allowed(websocket, settings.server.allowed_origins):
             await websocket.close(code=1008, reason="unauthorized")
             return
         offered = offered_subprotocols(websocket)
         await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
-        await Connection(websocket, hub()).run()
-
-    async def events(request: Request) -> Response:
-        if not authorized(request, settings.server.auth_token):
-            return JSONResponse({"error": {"code": "unauthorized", "message": "bearer token required"}},
-                                status_code=401)
-        return StreamingResponse(sse_stream(hub().rt.bus), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        await Connection(websocket, websocket.state["hub"]).run()
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"ok": True, "providers": sorted(settings.providers),
                              "default_route": settings.default_route})
 
-    async def on_change(session_id: str, what: str) -> None:
-        if what == "deleted":
-            hub().deleted(session_id)
-        elif what == "renamed":
-            await hub().renamed(session_id)
-
     app = Starlette(routes=[
         Route("/", page), Route("/s/{session_id}", page), Route("/healthz", healthz),
         Route("/events", events), WebSocketRoute("/ws", websocket_endpoint),
         Mount("/static", StaticFiles(directory=str(ROOT / "static")), name="static"),
-        *api_routes(store, on_change=on_change),
-    ], lifespan=lifespan)
-    app.add_middleware(ApiAuth, token=settings.server.auth_token)
+        *api_routes(),
+    ], lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
+    app.add_middleware(BearerAuth, token=settings.server.auth_token)
+    app.add_middleware(AccessGuard, bind_host=settings.server.host,  # outermost: before auth
+                       allowed_hosts=settings.server.allowed_hosts,
+                       allowed_origins=settings.server.allowed_origins)
+    redact_tokens_in_logs()
     return app
 
 
-class ApiAuth:
-    """Bearer-token guard for ``/api``; the socket and the event stream check for themselves."""
+async def events(request: Request[AppState]) -> Response:
+    return StreamingResponse(sse_stream(request.state["bus"]), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
 
-    def __init__(self, app: object, token: str) -> None:
+
+def live_sessions_follow(hub: SessionHub) -> OnChange:
+    """The API's ``on_change``: a renamed or deleted session's live copy follows the store."""
+
+    async def on_change(session_id: str, what: str) -> None:
+        if what == "deleted":
+            hub.deleted(session_id)
+        elif what == "renamed":
+            await hub.renamed(session_id)
+
+    return on_change
+
+
+# Built once: the answer is the same for every refused request.
+UNAUTHORIZED = JSONResponse(error_body("unauthorized", "bearer token required"), status_code=401)
+
+
+class BearerAuth:
+    """Bearer-token guard for ``/api`` and ``/events``; the socket checks for itself (with the
+    Origin), since a refused WebSocket is closed with 1008, not answered with a 401."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
         self.token = token
 
-    async def __call__(self, scope: dict, receive: object, send: object) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/api") and \
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _guarded(scope["path"]) and \
                 not authorized(HTTPConnection(scope), self.token):
-            response = JSONResponse({"error": {"code": "unauthorized", "message": "bearer token required"}},
-                                    status_code=401)
-            await response(scope, receive, send)  # type: ignore[arg-type]
+            await UNAUTHORIZED(scope, receive, send)
             return
-        await self.app(scope, receive, send)  # type: ignore[operator]
+        await self.app(scope, receive, send)
+
+
+def _guarded(path: str) -> bool:
+    return path.startswith("/api") or path == "/events"
 

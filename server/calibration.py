@@ -74,16 +74,9 @@ class Calibrations:
             calibration = self._by_route[key] = Calibration(self._alpha)
         calibration.observe(estimate, reported)
 
-    def ratio(self, route: _Named | str) -> float:
-        calibration = self._by_route.get(_key(route))
-        return 1.0 if calibration is None else calibration.ratio
-
     def apply(self, route: _Named | str, estimate: int) -> int:
         calibration = self._by_route.get(_key(route))
         return max(0, estimate) if calibration is None else calibration.apply(estimate)
-
-    def forget(self, route: _Named | str) -> None:
-        self._by_route.pop(_key(route), None)
 
 
 def _key(route: _Named | str) -> str:

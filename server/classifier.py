@@ -51,10 +51,7 @@ class Classifier:
         ordered = sorted(rules, key=lambda rule: rule.priority, reverse=True)  # sorted() is stable
         self._rules = tuple(_compile(rule) for rule in ordered if rule.hint)
 
-    def __bool__(self) -> bool:
-        return bool(self._rules)
-
-    def classify(self, text: str) -> str | None:
+    def hint_for(self, text: str) -> str | None:
         if not self._rules:
             return None
         size = len(text.encode("utf-8"))

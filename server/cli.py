@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import replace
 
 import uvicorn
 
+from server.access import exposure_problem
 from server.config import load_settings
 from server.errors import ConfigError
 from server.routing import RouteResolver
@@ -22,6 +24,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", help="TOML settings file (default: the embedded demo)")
     parser.add_argument("--host", help="interface to listen on (overrides [server] host)")
     parser.add_argument("--port", type=int, help="TCP port (overrides [server] port; 0 = any free)")
+    parser.add_argument("--insecure-no-auth", action="store_true",
+                        help="serve a non-loopback address without an auth token (a proxy authenticates)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser.parse_args(argv)
 
@@ -39,9 +43,27 @@ def main(argv: list[str] | None = None) -> None:
 
     host = args.host or settings.server.host
     port = settings.server.port if args.port is None else args.port
+    refuse_exposure(host, settings.server.auth_token, args.insecure_no_auth)
+    # The Host allow-list admits the bound address: it must be the one actually bound.
+    settings = replace(settings, server=replace(settings.server, host=host, port=port))
     print(f"meterchat: serving on http://{host}:{port}/ ({settings.source}; default route "
           f"{settings.default_route})", file=sys.stderr, flush=True)
     # No per-message deflate: chat frames are small and many, so compressing each costs more CPU
-    # than it saves on a local or LAN link.
+    # than it saves on a local or LAN link. Loop, parser and WebSocket implementation were chosen by
+    # bench/load.py (docs/performance.md): "auto" takes uvloop and httptools, which pyproject installs
+    # where they build, and falls back to asyncio and h11 elsewhere.
     uvicorn.run(create_app(settings), host=host, port=port, log_level=args.log_level,
+                loop="auto", http="auto", ws="websockets-sansio",
                 ws_max_size=16 * 1024 * 1024, ws_per_message_deflate=False)
+
+
+def refuse_exposure(host: str, auth_token: str, insecure: bool) -> None:
+    problem = exposure_problem(host, auth_token)
+    if problem is None:
+        return
+    if not insecure:
+        print(f"meterchat: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+    print(f"meterchat: WARNING: --insecure-no-auth: serving {host} with NO authentication; anyone who "
+          "can reach this address can read every conversation and spend your provider keys",
+          file=sys.stderr, flush=True)

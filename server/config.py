@@ -1,8 +1,13 @@
 """Settings: one declarative table, read once from a TOML file and the environment.
 
-Every scalar setting of ``[server]``, ``[live]``, ``[runtime]``, ``[runtime.history_pruning]`` and
-``[runtime.compaction]`` can be overridden by ``METERCHAT_<SECTION>_<KEY>`` (dots in the section
-become underscores, e.g. ``METERCHAT_RUNTIME_HISTORY_PRUNING_ENABLED``); ``METERCHAT_DATA_DIR`` and
+The settings dataclasses are the table: each field that is a setting carries its default and its
+help (``setting(...)``, ``required(...)``), and ``SCHEMA`` and the other schemas are read from them,
+so a default is written in one place.
+
+Every scalar setting of ``[server]``, ``[store]``, ``[live]``, ``[runtime]``,
+``[runtime.history_pruning]`` and ``[runtime.compaction]`` can be overridden by
+``METERCHAT_<SECTION>_<KEY>`` (dots in the section become underscores, e.g.
+``METERCHAT_RUNTIME_HISTORY_PRUNING_ENABLED``); ``METERCHAT_DATA_DIR`` and
 ``METERCHAT_DEFAULT_ROUTE`` are short forms. A bad file stops start-up with a ``ConfigError`` naming
 the key. With no file and no providers, the embedded offline ``demo`` provider is the default.
 """
@@ -12,9 +17,10 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from server.errors import ConfigError
 
@@ -30,121 +36,78 @@ class Setting:
     help: str
 
 
-# section -> settings; ``None`` default means "unset" (distinct from an explicit value).
-SCHEMA: dict[str, tuple[Setting, ...]] = {
-    "server": (
-        Setting("host", str, "127.0.0.1", "Interface to listen on."),
-        Setting("port", int, 8000, "TCP port."),
-        Setting("data_dir", str, "meterchat-data", "Folder of the embedded SQLite store."),
-        Setting("auth_token", str, "", "When set, /ws, /events and /api need this bearer token."),
-        Setting("allowed_origins", list, [], "Extra Origin values allowed to open /ws."),
-        Setting("coalesce_ms", int, 0, "Join chunk frames arriving within this many ms; 0 = off."),
-        Setting("store_flush_ms", int, 250, "How often a streaming reply is written to the store."),
-        Setting("keep_generating", bool, True, "Keep generating when the browser disconnects."),
-    ),
-    "live": (
-        Setting("url", str, "", "redis://HOST:PORT/DB shared by every instance; empty = in-process."),
-        Setting("lease_ttl_ms", int, 10000, "A turn's lease; an instance silent this long is taken over."),
-        Setting("stream_max_frames", int, 10000, "Frames kept per session stream (MAXLEN ~) for resume."),
-    ),
-    "runtime": (
-        Setting("max_context_tokens", int, None, "Absolute token budget; 0 disables proactive trimming."),
-        Setting("context_compact_ratio", float, None, "Model-relative budget; outside (0, 1] = unset."),
-        Setting("max_history_messages", int, None, "Whole-turn limit (legacy name); default 50."),
-        Setting("max_tool_iterations", int, 10, "Provider calls with tools per turn."),
-        Setting("max_tool_result_chars", int, 50000, "Cap per tool result when recorded; 0 = none."),
-        Setting("image_token_cost", int, 1000, "Fixed token estimate per image actually sent."),
-        Setting("max_image_bytes", int, 5 * 1024 * 1024, "Largest decoded image accepted."),
-        Setting("max_output_tokens", int, 1024, "max_tokens asked of providers that need one."),
-        Setting("system_prompt", str, "", "Leading system message of every session."),
-    ),
-    "runtime.history_pruning": (
-        Setting("enabled", bool, False, "Lower the budget to max_tokens."),
-        Setting("max_tokens", int, 8192, "Pruning cap; lowers, never raises, the budget."),
-    ),
-    "runtime.compaction": (
-        Setting("strategy", str, "none", "none | truncation | summarization (group compaction)."),
-        Setting("tokens_exceed", int, 0, "Trigger: compact when sent tokens exceed this; 0 = off."),
-        Setting("target_tokens", int, None, "Stop when at or below this (0 < target <= trigger); "
-                "unset: stop once the count no longer exceeds the trigger."),
-        Setting("minimum_preserved_groups", int, 4, "Newest non-system groups always kept."),
-    ),
-}
+def setting(default: Any, help: str) -> Any:
+    """A field of a settings dataclass: its default and its help, the one place both are written.
+    A ``None`` default means "unset" (distinct from an explicit value)."""
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
 
-PROVIDER_SCHEMA: tuple[Setting, ...] = (
-    Setting("kind", str, None, "openai | anthropic | ollama | demo."),
-    Setting("base_url", str, "", "Endpoint root, e.g. http://127.0.0.1:11434/v1 for OpenAI style."),
-    Setting("api_key_env", str, "", "Name of the environment variable holding the key."),
-    Setting("model", str, "", "The profile's configured model."),
-    Setting("context_window", int, 0, "Capacity of that model; absent or 0 = unknown."),
-    Setting("models", dict, {}, "Other models of this provider: name -> context window (0 = unknown)."),
-    Setting("discover_window", bool, True, "Ask the provider's metadata for unknown windows."),
-    Setting("price_input_per_mtok", float, 0.0, "USD per million input tokens (0 = no cost)."),
-    Setting("price_output_per_mtok", float, 0.0, "USD per million output tokens."),
-    Setting("timeout_seconds", float, 120.0, "Read timeout of one provider call."),
-    Setting("delay_ms", int, 25, "demo only: pause between streamed pieces."),
-    Setting("tools", bool, True, "Offer the built-in tools to this provider's models."),
-    Setting("num_ctx", int, 0, "ollama only: options.num_ctx sent with each call; 0 = server default."),
-)
-ROUTE_SCHEMA: tuple[Setting, ...] = (
-    Setting("hint", str, None, "Name a classifier rule or /hint prefix refers to."),
-    Setting("provider", str, None, "Provider alias."),
-    Setting("model", str, "", "Model; empty = the provider's model."),
-)
-RULE_SCHEMA: tuple[Setting, ...] = (
-    Setting("hint", str, None, "Hint chosen when the rule matches."),
-    Setting("keywords", list, [], "Case-insensitive substrings; any one matches."),
-    Setting("patterns", list, [], "Case-sensitive substrings; any one matches."),
-    Setting("min_length", int, 0, "Minimum message length in UTF-8 bytes."),
-    Setting("max_length", int, 0, "Maximum message length in bytes; 0 = none."),
-    Setting("priority", int, 0, "Higher rules are tried first; ties keep file order."),
-)
+
+def required(help: str) -> Any:
+    """A field with no default: a table that leaves it out is refused."""
+    return field(metadata={"help": help})
+
+
+# Provider limits that must be positive: 0 would mean "never" or "nothing", not "off".
+_POSITIVE_PROVIDER_SETTINGS = ("idle_timeout_seconds", "max_line_bytes", "max_connections",
+                               "pool_timeout_seconds")
 
 
 @dataclass(frozen=True)
 class ServerSettings:
-    host: str
-    port: int
-    data_dir: str
-    auth_token: str
-    allowed_origins: list[str]
-    coalesce_ms: int
-    store_flush_ms: int
-    keep_generating: bool
+    host: str = setting("127.0.0.1", "Interface to listen on.")
+    port: int = setting(8000, "TCP port.")
+    data_dir: str = setting("meterchat-data", "Folder of the embedded SQLite store.")
+    auth_token: str = setting("", "When set, /ws, /events and /api need this bearer token.")
+    allowed_hosts: list[str] = setting([], "Extra Host names served (*.example.com matches subdomains).")
+    allowed_origins: list[str] = setting([], "Extra Origin values allowed to open /ws and change /api.")
+    coalesce_ms: int = setting(0, "Join chunk frames arriving within this many ms; 0 = off.")
+    store_flush_ms: int = setting(250, "How often a streaming reply is written to the store.")
+    keep_generating: bool = setting(True, "Keep generating when the browser disconnects.")
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    url: str = setting("", "postgresql://USER@HOST:PORT/DB for the shared store; empty = SQLite.")
+    pool_size: int = setting(10, "Most PostgreSQL connections one server holds.")
+    timeout_seconds: float = setting(10.0, "How long a write waits for PostgreSQL before failing.")
 
 
 @dataclass(frozen=True)
 class LiveSettings:
-    url: str = ""
-    lease_ttl_ms: int = 10000
-    stream_max_frames: int = 10000
+    url: str = setting("", "redis://HOST:PORT/DB shared by every instance; empty = in-process.")
+    lease_ttl_ms: int = setting(10000, "A turn's lease; an instance silent this long is taken over.")
+    stream_max_frames: int = setting(10000, "Frames kept per session stream (MAXLEN ~) for resume.")
 
 
 @dataclass(frozen=True)
 class HistoryPruning:
-    enabled: bool = False
-    max_tokens: int = 8192
+    enabled: bool = setting(False, "Lower the budget to max_tokens.")
+    max_tokens: int = setting(8192, "Pruning cap; lowers, never raises, the budget.")
 
 
 @dataclass(frozen=True)
 class CompactionSettings:
-    strategy: str = "none"
-    tokens_exceed: int = 0
-    target_tokens: int | None = None
-    minimum_preserved_groups: int = 4
+    strategy: str = setting("none", "none | truncation | summarization (group compaction).")
+    tokens_exceed: int = setting(0, "Trigger: compact when sent tokens exceed this; 0 = off.")
+    target_tokens: int | None = setting(None, "Stop when at or below this (0 < target <= trigger); "
+                                        "unset: stop once the count no longer exceeds the trigger.")
+    minimum_preserved_groups: int = setting(4, "Newest non-system groups always kept.")
 
 
 @dataclass(frozen=True)
 class RuntimeSettings:
-    max_context_tokens: int | None = None
-    context_compact_ratio: float | None = None
-    max_history_messages: int | None = None
-    max_tool_iterations: int = 10
-    max_tool_result_chars: int = 50000
-    image_token_cost: int = 1000
-    max_image_bytes: int = 5 * 1024 * 1024
-    max_output_tokens: int = 1024
-    system_prompt: str = ""
+    max_context_tokens: int | None = setting(None, "Absolute token budget; 0 disables proactive trimming.")
+    context_compact_ratio: float | None = setting(None, "Model-relative budget; outside (0, 1] = unset.")
+    max_history_messages: int | None = setting(None, "Whole-turn limit (legacy name); default 50.")
+    max_tool_iterations: int = setting(10, "Provider calls with tools per turn.")
+    max_tool_result_chars: int = setting(50000, "Cap per tool result when recorded; 0 = none.")
+    image_token_cost: int = setting(1000, "Fixed token estimate per image actually sent.")
+    max_image_bytes: int = setting(5 * 1024 * 1024, "Largest decoded image accepted.")
+    max_output_tokens: int = setting(1024, "max_tokens asked of providers that need one.")
+    system_prompt: str = setting("", "Leading system message of every session.")
+    # subsections: their own tables, [runtime.history_pruning] and [runtime.compaction]
     history_pruning: HistoryPruning = field(default_factory=HistoryPruning)
     compaction: CompactionSettings = field(default_factory=CompactionSettings)
 
@@ -155,20 +118,29 @@ class RuntimeSettings:
 
 @dataclass(frozen=True)
 class ProviderProfile:
-    alias: str
-    kind: str
-    base_url: str = ""
-    api_key_env: str = ""
-    model: str = ""
-    context_window: int = 0
-    models: dict[str, int] = field(default_factory=dict)
-    discover_window: bool = True
-    price_input_per_mtok: float = 0.0
-    price_output_per_mtok: float = 0.0
-    timeout_seconds: float = 120.0
-    delay_ms: int = 25
-    tools: bool = True
-    num_ctx: int = 0
+    alias: str  # the table's name, not a setting
+    kind: str = required("openai | anthropic | ollama | demo.")
+    base_url: str = setting("", "Endpoint root, e.g. http://127.0.0.1:11434/v1 for OpenAI style.")
+    api_key_env: str = setting("", "Name of the environment variable holding the key.")
+    model: str = setting("", "The profile's configured model.")
+    context_window: int = setting(0, "Capacity of that model; absent or 0 = unknown.")
+    models: dict[str, int] = setting(
+        {}, "Other models of this provider: name -> context window (0 = unknown).")
+    discover_window: bool = setting(True, "Ask the provider's metadata for unknown windows.")
+    price_input_per_mtok: float = setting(0.0, "USD per million input tokens (0 = no cost).")
+    price_output_per_mtok: float = setting(0.0, "USD per million output tokens.")
+    timeout_seconds: float = setting(120.0, "Read timeout of one provider call.")
+    idle_timeout_seconds: float = setting(
+        120.0, "A reply with no content (only keep-alives) this long ends as `unavailable`.")
+    max_line_bytes: int = setting(
+        1024 * 1024, "Longest SSE/NDJSON line accepted; a longer one is a `protocol_error`.")
+    max_connections: int = setting(1000, "Connections open to this provider at once (all kept alive).")
+    pool_timeout_seconds: float = setting(
+        1.0, "Wait this long for a free connection, then answer `overloaded`.")
+    keepalive_expiry_seconds: float = setting(20.0, "Close a connection idle this long.")
+    delay_ms: int = setting(25, "demo only: pause between streamed pieces.")
+    tools: bool = setting(True, "Offer the built-in tools to this provider's models.")
+    num_ctx: int = setting(0, "ollama only: options.num_ctx sent with each call; 0 = server default.")
 
     @property
     def api_key(self) -> str:
@@ -177,19 +149,19 @@ class ProviderProfile:
 
 @dataclass(frozen=True)
 class ModelRoute:
-    hint: str
-    provider: str
-    model: str = ""
+    hint: str = required("Name a classifier rule or /hint prefix refers to.")
+    provider: str = required("Provider alias.")
+    model: str = setting("", "Model; empty = the provider's model.")
 
 
 @dataclass(frozen=True)
 class ClassifierRule:
-    hint: str
-    keywords: list[str] = field(default_factory=list)
-    patterns: list[str] = field(default_factory=list)
-    min_length: int = 0
-    max_length: int = 0
-    priority: int = 0
+    hint: str = required("Hint chosen when the rule matches.")
+    keywords: list[str] = setting([], "Case-insensitive substrings; any one matches.")
+    patterns: list[str] = setting([], "Case-sensitive substrings; any one matches.")
+    min_length: int = setting(0, "Minimum message length in UTF-8 bytes.")
+    max_length: int = setting(0, "Maximum message length in bytes; 0 = none.")
+    priority: int = setting(0, "Higher rules are tried first; ties keep file order.")
 
 
 @dataclass(frozen=True)
@@ -201,7 +173,44 @@ class Settings:
     model_routes: list[ModelRoute]
     classifier_rules: list[ClassifierRule]
     source: str = "embedded default"
+    store: StoreSettings = field(default_factory=StoreSettings)
     live: LiveSettings = field(default_factory=LiveSettings)
+
+
+def _setting_type(hint: Any) -> type:
+    """The type a TOML value must have: ``int | None`` reads as int, ``list[str]`` as list."""
+    options = get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
+    kind = next(option for option in options if option is not type(None))
+    return get_origin(kind) or kind
+
+
+def schema_of(cls: type) -> tuple[Setting, ...]:
+    """The settings of one table, read from its dataclass (fields with help; required ones default
+    to None)."""
+    hints = get_type_hints(cls)
+    return tuple(
+        Setting(f.name, _setting_type(hints[f.name]), _default(f), f.metadata["help"])
+        for f in fields(cls) if "help" in f.metadata)
+
+
+def _default(f: Field[Any]) -> Any:
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return None if f.default is MISSING else f.default
+
+
+# section -> settings, derived from the dataclasses above (the one place defaults are written).
+SCHEMA: dict[str, tuple[Setting, ...]] = {
+    "server": schema_of(ServerSettings),
+    "store": schema_of(StoreSettings),
+    "live": schema_of(LiveSettings),
+    "runtime": schema_of(RuntimeSettings),
+    "runtime.history_pruning": schema_of(HistoryPruning),
+    "runtime.compaction": schema_of(CompactionSettings),
+}
+PROVIDER_SCHEMA = schema_of(ProviderProfile)
+ROUTE_SCHEMA = schema_of(ModelRoute)
+RULE_SCHEMA = schema_of(ClassifierRule)
 
 
 # The embedded default's hint, so the README's `/hint open ...` works on a fresh start.
@@ -299,6 +308,9 @@ def _read_providers(data: Mapping[str, Any]) -> dict[str, ProviderProfile]:
                               f"got {values['kind']!r}")
         if values["kind"] in ("openai", "anthropic", "ollama") and not values["base_url"]:
             raise ConfigError(f"{prefix}.base_url: required for kind {values['kind']!r}")
+        for key in _POSITIVE_PROVIDER_SETTINGS:  # a zero limit would refuse or drop every call
+            if values[key] <= 0:
+                raise ConfigError(f"{prefix}.{key}: must be greater than 0, got {values[key]!r}")
         for model, window in values["models"].items():
             _check_type(f"{prefix}.models.{model}", window, Setting(model, int, 0, ""))
         providers[alias] = ProviderProfile(alias=alias, **values)
@@ -333,7 +345,8 @@ def check_route(route: str, providers: Mapping[str, ProviderProfile], key: str) 
 def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
                           source: str = "embedded default") -> Settings:
     env = os.environ if env is None else env
-    allowed = {"server", "live", "runtime", "providers", "default_route", "model_routes", "classifier"}
+    allowed = {"server", "store", "live", "runtime", "providers", "default_route", "model_routes",
+               "classifier"}
     for key in data:
         if key not in allowed:
             raise ConfigError(f"{key}: unknown setting")
@@ -368,7 +381,8 @@ def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None
         check_route(route.provider, providers, f"model_routes[{index}].provider")
     rules = [ClassifierRule(**row) for row in _read_list(classifier, "rules", RULE_SCHEMA, "classifier.")]
     return Settings(ServerSettings(**server), RuntimeSettings(**runtime), providers, default_route,
-                    routes, rules, source, _read_live(data, env))
+                    routes, rules, source, StoreSettings(**_read_section(data, "store", env)),
+                    _read_live(data, env))
 
 
 def _read_live(data: Mapping[str, Any], env: Mapping[str, str]) -> LiveSettings:

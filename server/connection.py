@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+from typing import Any
 
 import anyio
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -53,7 +54,7 @@ def coalesce(frames: list[Frame]) -> list[Frame]:
 
 
 class Connection:
-    def __init__(self, websocket: WebSocket, hub: SessionHub) -> None:
+    def __init__(self, websocket: WebSocket[Any], hub: SessionHub) -> None:
         self.ws = websocket
         self.hub = hub
         self.state = ConnState.AWAITING_HELLO

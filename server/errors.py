@@ -14,6 +14,7 @@
     │   └── TooLarge                a request body over its limit
     ├── CapacityExceeded            the prepared request does not fit the known window
     ├── HistoryUnfit                overflow recovery could not drop any turn
+    ├── StoreUnavailable            the database cannot be reached (PostgreSQL down or restarting)
     └── ProviderError               translated once, at each provider's boundary
         ├── ContextOverflow         the provider says the prompt is too long
         ├── RateLimited             retry_after seconds when the provider says
@@ -95,6 +96,11 @@ class CapacityExceeded(MeterchatError):
 
 class HistoryUnfit(MeterchatError):
     code = "context_overflow_unrecoverable"
+
+
+class StoreUnavailable(MeterchatError):
+    code = "store_unavailable"
+    retryable = True
 
 
 class ProviderError(MeterchatError):

@@ -7,6 +7,10 @@ JSON shape (``version`` 1)::
      breadcrumb, summary, trimmed, excluded, interrupted, turn_id}], "calls": [{turn_id, provider,
      model, route_kind, input_tokens, output_tokens, tokens_source, cost_usd, created_at}]}
 
+A message and a call are ``server.store``'s codec of ``ChatMessage`` and ``CallRecord``; what an
+import accepts for each field is read from the same dataclasses (a field that may be None is
+optional, one without a default is required, and every message names its ``id``).
+
 ``from_json`` checks every field and raises ``ImportRejected`` naming the first bad one
 (``messages[3].role: ...``). It always gives the session a new id, so an import never overwrites.
 """
@@ -17,35 +21,60 @@ import json
 import re
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import MISSING, fields
+from typing import Any, get_origin, get_type_hints
 
 from server.errors import ImportRejected
 from server.history import ChatMessage, stored_marks
-from server.store import CallRecord, StoredSession, call_to_data, message_from_data, message_to_data
+from server.protocol import echo
+from server.store import (
+    MESSAGE_HINTS,
+    MESSAGE_LISTS,
+    CallRecord,
+    StoredSession,
+    call_to_data,
+    message_from_data,
+    message_to_data,
+    type_options,
+)
 
 FORMAT = "meterchat.session"
 VERSION = 1
 ROLES = ("system", "user", "assistant", "tool")
 
 _STR, _OPT_STR = (str,), (str, type(None))
-_BOOL, _INT, _OPT_NUM = (bool,), (int,), (int, float, type(None))
-_OPT_LIST = (list, type(None))
-# field -> (accepted types, required)
-_MESSAGE_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
-    "id": (_STR, True), "role": (_STR, True), "content": (_STR, True),
-    "tool_calls": (_OPT_LIST, False), "tool_call_id": (_OPT_STR, False), "images": (_OPT_LIST, False),
-    "name": (_OPT_STR, False), "breadcrumb": (_BOOL, False), "summary": (_BOOL, False),
-    "trimmed": (_BOOL, False), "excluded": (_OPT_STR, False), "interrupted": (_BOOL, False),
-    "turn_id": (_OPT_STR, False),
-}
-_TOOL_CALL_FIELDS = {"id": (_STR, True), "name": (_STR, True), "arguments": ((dict,), True)}
-_IMAGE_FIELDS = {"media_type": (_STR, True), "data": (_STR, True)}
-_CALL_FIELDS = {
-    "turn_id": (_OPT_STR, False), "provider": (_STR, True), "model": (_STR, True),
-    "route_kind": (_STR, True), "input_tokens": (_INT, True), "output_tokens": (_INT, True),
-    "tokens_source": (_STR, True), "cost_usd": (_OPT_NUM, False), "created_at": (_OPT_STR, False),
-}
-_SESSION_FIELDS = {
+_INT, _OPT_LIST = (int,), (list, type(None))
+Fields = Mapping[str, tuple[tuple[type, ...], bool]]  # field -> (accepted types, required)
+
+
+def _accepted(hint: Any) -> tuple[type, ...]:
+    """The JSON types a field of this type hint accepts: ``list[X] | None`` is (list, NoneType),
+    and a float accepts an integer."""
+    kinds = tuple(get_origin(option) or option for option in type_options(hint))
+    return (int, *kinds) if float in kinds else kinds
+
+
+def _required(cls: type) -> set[str]:
+    """Fields an import must give: no default, and None is not a value they take."""
+    hints = get_type_hints(cls)
+    return {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
+            and type(None) not in type_options(hints[f.name])}
+
+
+def _table(hints: Mapping[str, Any], required: set[str]) -> Fields:
+    return {name: (_accepted(hint), name in required) for name, hint in hints.items()}
+
+
+def _table_of(cls: type) -> Fields:
+    return _table(get_type_hints(cls), _required(cls))
+
+
+ECHO_KEY_CHARS = 100  # a field name quoted back in an error: an answer never grows with the input
+_MESSAGE_FIELDS = _table(MESSAGE_HINTS, {"id"} | _required(ChatMessage))  # every message names its id
+_TOOL_CALL_FIELDS = _table_of(MESSAGE_LISTS["tool_calls"])
+_IMAGE_FIELDS = _table_of(MESSAGE_LISTS["images"])
+_CALL_FIELDS = _table_of(CallRecord)
+_SESSION_FIELDS: Fields = {
     "format": (_STR, True), "version": (_INT, True), "id": (_OPT_STR, False), "title": (_STR, True),
     "route": (_STR, True), "created_at": (_OPT_STR, False), "updated_at": (_OPT_STR, False),
     "messages": ((list,), True), "calls": (_OPT_LIST, False),
@@ -65,9 +94,9 @@ def from_json(data: Any) -> StoredSession:
     """A new session (fresh id) from an exported document; ``ImportRejected`` names a bad field."""
     _check_object(data, "", _SESSION_FIELDS)
     if data["format"] != FORMAT:
-        raise ImportRejected(f"format: expected {FORMAT!r}, got {data['format']!r}")
+        raise ImportRejected(f"format: expected {FORMAT!r}, got {echo(data['format'])}")
     if data["version"] != VERSION:
-        raise ImportRejected(f"version: this server reads version {VERSION}, got {data['version']!r}")
+        raise ImportRejected(f"version: this server reads version {VERSION}, got {str(data['version'])[:20]}")
     messages = [_message(item, f"messages[{i}]") for i, item in enumerate(data["messages"])]
     _check_unique_ids(messages)
     calls = [_call(item, f"calls[{i}]") for i, item in enumerate(data.get("calls") or [])]
@@ -77,13 +106,13 @@ def from_json(data: Any) -> StoredSession:
                          messages=messages, calls=calls)
 
 
-def _check_object(value: Any, path: str, fields: Mapping[str, tuple[tuple[type, ...], bool]]) -> None:
+def _check_object(value: Any, path: str, fields: Fields) -> None:
     where = path or "document"
     if not isinstance(value, dict):
         raise ImportRejected(f"{where}: expected an object, got {_kind(value)}")
     for key in value:
         if key not in fields:
-            raise ImportRejected(f"{_join(path, str(key))}: unknown field")
+            raise ImportRejected(f"{_join(path, str(key)[:ECHO_KEY_CHARS])}: unknown field")
     for key, (types, required) in fields.items():
         if key not in value:
             if required:
@@ -99,7 +128,7 @@ def _check_object(value: Any, path: str, fields: Mapping[str, tuple[tuple[type, 
 def _message(item: Any, path: str) -> ChatMessage:
     _check_object(item, path, _MESSAGE_FIELDS)
     if item["role"] not in ROLES:
-        raise ImportRejected(f"{path}.role: expected one of {', '.join(ROLES)}, got {item['role']!r}")
+        raise ImportRejected(f"{path}.role: expected one of {', '.join(ROLES)}, got {echo(item['role'])}")
     for i, call in enumerate(item.get("tool_calls") or []):
         _check_object(call, f"{path}.tool_calls[{i}]", _TOOL_CALL_FIELDS)
     for i, image in enumerate(item.get("images") or []):
@@ -111,7 +140,7 @@ def _check_unique_ids(messages: list[ChatMessage]) -> None:
     seen: set[str] = set()
     for index, message in enumerate(messages):
         if message.id in seen:
-            raise ImportRejected(f"messages[{index}].id: duplicate id {message.id!r}")
+            raise ImportRejected(f"messages[{index}].id: duplicate id {echo(message.id)}")
         seen.add(message.id)
 
 

@@ -81,11 +81,6 @@ class ChatMessage:
         self.tool_calls = list(calls) if calls else None
         self._text_tokens = None
 
-    @property
-    def is_hidden(self) -> bool:
-        """``left_out is not None``, under the name the provider dialects still read."""
-        return self.left_out is not None
-
 
 def stored_marks(message: ChatMessage) -> tuple[bool, str | None]:
     """``left_out`` as the store, the exports and the wire spell it: a ``trimmed`` flag and an

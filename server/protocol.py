@@ -10,6 +10,7 @@ cannot drift from the document.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,10 +74,61 @@ class ClientFrame:
         return self.fields.get(name, default)
 
 
-def _require(frame: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:
+ID_CHARS = 200  # session, message and turn ids are short; a longer one is no id of ours
+ROUTE_CHARS = 200
+MEDIA_TYPE_CHARS = 100
+MAX_SEQ = 2**53 - 1  # the largest integer a JavaScript client holds exactly
+ECHO_CHARS = 200
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# "/model ROUTE" and "/hint NAME" in a message's content name a route the same way switch_model does;
+# the hub and the resolver quote them back (UnknownRoute, the route frame's hint), so they share its
+# bound here.
+_HINT = re.compile(r"/hint[ \t]+(\S+)")
+
+
+def echo(value: Any) -> str:
+    """A client value as an error message may quote it: valid text, cut to ``ECHO_CHARS``, so an
+    answer never grows with the input (a non-string is named by its JSON type only)."""
+    if not isinstance(value, str):
+        return _json_type(value)
+    text = repr(value[:ECHO_CHARS])  # escapes make a repr longer than its text: cut both
+    if len(value) <= ECHO_CHARS and len(text) <= ECHO_CHARS + 2:
+        return text
+    return text[:ECHO_CHARS] + "..."
+
+
+def _json_type(value: Any) -> str:
+    names = ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string"),
+             (list, "an array"), (dict, "an object"))
+    return next((name for kind, name in names if isinstance(value, kind)), "null")
+
+
+def valid_text(text: str) -> str:
+    """``text`` with lone surrogates (legal in JSON escapes, unencodable in UTF-8) as U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
+
+
+def _require(frame: dict[str, Any], name: str, kind: type, what: str) -> Any:
     value = frame.get(name)
     if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise BadFrame(f"{frame['type']}.{name}: expected {what}, got {json.dumps(value)[:80]}")
+        raise BadFrame(f"{frame['type']}.{name}: expected {what}, got {echo(value)}")
+    return value
+
+
+def _require_id(frame: dict[str, Any], name: str, what: str = "an id string") -> str:
+    """An id is matched exactly against stored ones: refused, not repaired, when it cannot be one."""
+    value: str = _require(frame, name, str, what)
+    if not value or len(value) > ID_CHARS:
+        raise BadFrame(f"{frame['type']}.{name}: expected 1 to {ID_CHARS} characters, got {len(value)}")
+    if _SURROGATE.search(value):
+        raise BadFrame(f"{frame['type']}.{name}: contains a lone surrogate, which no id has")
+    return value
+
+
+def _require_short(frame: dict[str, Any], name: str, limit: int, what: str) -> str:
+    value: str = valid_text(_require(frame, name, str, what))
+    if len(value) > limit:
+        raise BadFrame(f"{frame['type']}.{name}: expected at most {limit} characters, got {len(value)}")
     return value
 
 
@@ -85,51 +137,90 @@ def _check_images(frame: dict[str, Any]) -> list[ImagePayload]:
     if images is None:
         return []
     if not isinstance(images, list):
-        raise BadFrame("message.images: expected a list of {media_type, data}")
+        raise BadFrame(f"message.images: expected a list of {{media_type, data}}, got {echo(images)}")
     parsed = []
     for index, image in enumerate(images):
         if not isinstance(image, dict) or not isinstance(image.get("media_type"), str) \
                 or not isinstance(image.get("data"), str):
             raise BadFrame(f"message.images[{index}]: expected {{media_type: str, data: base64 str}}")
-        parsed.append(ImagePayload(image["media_type"], image["data"]))
+        if len(image["media_type"]) > MEDIA_TYPE_CHARS:
+            raise BadFrame(f"message.images[{index}].media_type: longer than {MEDIA_TYPE_CHARS} characters")
+        parsed.append(ImagePayload(valid_text(image["media_type"]), valid_text(image["data"])))
     return parsed
+
+
+def _validate_hello(frame: dict[str, Any]) -> None:
+    if frame.get("session_id"):  # absent, null or "" all ask for a new session
+        _require_id(frame, "session_id", "a session id string")
+    if frame.get("last_seq") is not None:
+        seq = _require(frame, "last_seq", int, "an integer")
+        if not 0 <= seq <= MAX_SEQ:
+            raise BadFrame(f"hello.last_seq: expected 0 to {MAX_SEQ}")
+
+
+def _validate_message(frame: dict[str, Any]) -> None:
+    _require_id(frame, "id", "a string")
+    frame["content"] = valid_text(_require(frame, "content", str, "a string"))
+    frame["images"] = _check_images(frame)
+    if frame.get("retry_of") is not None:
+        _require_id(frame, "retry_of", "the turn_id of a failed turn")
+    if not frame["content"].strip() and not frame["images"]:
+        raise BadFrame("message.content: empty message")
+    _check_commands(frame["content"])
+
+
+def _check_commands(content: str) -> None:
+    head, _, route = content.strip().partition(" ")
+    hint = _HINT.match(content)
+    if head == "/model" and len(route) > ROUTE_CHARS or hint and len(hint.group(1)) > ROUTE_CHARS:
+        raise BadFrame(f"message.content: a /model route or /hint name is over {ROUTE_CHARS} characters")
 
 
 def _validate(frame: dict[str, Any]) -> dict[str, Any]:
     kind = frame["type"]
     if kind == "hello":
-        if frame.get("session_id") is not None:
-            _require(frame, "session_id", str, "a string")
-        if frame.get("last_seq") is not None:
-            _require(frame, "last_seq", int, "an integer")
+        _validate_hello(frame)
     elif kind == "message":
-        _require(frame, "id", str, "a string")
-        _require(frame, "content", str, "a string")
-        frame["images"] = _check_images(frame)
-        if frame.get("retry_of") is not None:
-            _require(frame, "retry_of", str, "the turn_id of a failed turn")
-        if not frame["content"].strip() and not frame["images"]:
-            raise BadFrame("message.content: empty message")
+        _validate_message(frame)
     elif kind == "switch_model":
-        _require(frame, "route", str, "a route string like 'provider' or 'provider/model'")
-    return frame
+        frame["route"] = _require_short(frame, "route", ROUTE_CHARS,
+                                        "a route string like 'provider' or 'provider/model'")
+    # Unknown fields are ignored (protocol rule), so they are not kept either.
+    required, optional = field_names(CLIENT_FRAMES[kind])
+    return {name: frame[name] for name in required | optional if name in frame}
+
+
+def _no_constant(name: str) -> Any:
+    raise BadFrame(f"malformed JSON: {name} is not a JSON number")
+
+
+def _decode(text: str) -> Any:
+    """``json.loads`` with every failure as ``BadFrame``: besides syntax, Python refuses nesting
+    deeper than its recursion limit and integers over 4,300 digits with other exceptions."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise BadFrame(f"malformed JSON: {exc.msg} at position {exc.pos}") from exc
+    except RecursionError as exc:
+        raise BadFrame("malformed JSON: nested too deeply") from exc
+    except ValueError as exc:  # int_max_str_digits
+        raise BadFrame("malformed JSON: a number too long to read") from exc
 
 
 def parse_client_frame(text: str | bytes) -> ClientFrame:
+    """A validated frame, or ``BadFrame`` / ``UnknownFrameType``: nothing else escapes, whatever
+    the text. Strings a frame carries are valid text (lone surrogates as U+FFFD; ids refused)."""
     if isinstance(text, bytes):
         raise BadFrame("binary frames are not part of protocol v1; send JSON text frames")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BadFrame(f"malformed JSON: {exc.msg} at position {exc.pos}") from exc
+    data = _decode(text)
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):
-        raise BadFrame('every frame is a JSON object with a string "type"')
+        raise BadFrame(f'every frame is a JSON object with a string "type", got {echo(data)}')
     if data["type"] not in CLIENT_FRAMES:
         raise UnknownFrameType(
-            f"unknown frame type {data['type']!r}; expected one of {', '.join(CLIENT_FRAMES)}"
+            f"unknown frame type {echo(data['type'])}; expected one of {', '.join(CLIENT_FRAMES)}"
         )
     fields = _validate(data)
-    return ClientFrame(data["type"], {k: v for k, v in fields.items() if k != "type"})
+    return ClientFrame(data["type"], fields)
 
 
 def field_names(spec: tuple[str, ...]) -> tuple[set[str], set[str]]:

@@ -17,8 +17,9 @@ naming what was asked and what exists when:
 Capacity (the model's context window) is known from config only for the pair it was configured
 for: the profile's ``context_window`` for its ``model``, or ``models[model]``. A different model
 never borrows the profile's window. Otherwise, with ``discover_window``, the provider's metadata is
-asked once per (alias, model) and the answer cached, a None answer included, so an unreachable
-server is not asked on every turn (``forget`` asks again). ``capacity`` never raises.
+asked once per (alias, model) and a known answer cached; an unknown answer is cached for
+``UNKNOWN_RETRY_SECONDS``, so an unreachable server is not asked on every turn but is asked again
+once it may have come up. ``capacity`` never raises.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import logging
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -75,7 +76,6 @@ class Route:
 class Capacity:
     window: int | None
     source: str | None = None  # config | provider; None when unknown
-    detail: dict[str, Any] = field(default_factory=dict)
 
     @property
     def known(self) -> bool:
@@ -98,11 +98,10 @@ def _models_are_authoritative(profile: ProviderProfile) -> bool:
 
 def _config_capacity(profile: ProviderProfile, model: str) -> Capacity | None:
     if profile.context_window > 0 and model == profile.model:
-        return Capacity(profile.context_window, "config",
-                        {"setting": f"providers.{profile.alias}.context_window"})
+        return Capacity(profile.context_window, "config")
     window = profile.models.get(model, 0)
     if window > 0:
-        return Capacity(window, "config", {"setting": f"providers.{profile.alias}.models"})
+        return Capacity(window, "config")
     return None
 
 
@@ -160,9 +159,6 @@ class RouteResolver:
             hints.setdefault(entry.hint, replace(route, hint=entry.hint))  # first entry wins
         return hints
 
-    def hints(self) -> dict[str, Route]:
-        return dict(self._hints)
-
     def route_for_hint(self, session_route: Route, hint: str) -> Route:
         """The hint's route, or the session's pair marked ``fallback`` when no route has that hint."""
         route = self._hints.get(hint)
@@ -175,7 +171,7 @@ class RouteResolver:
         match = _HINT_PREFIX.match(text)
         if match is not None:
             return self.route_for_hint(session_route, match.group(1)), text[match.end():]
-        hint = self.classifier.classify(text)
+        hint = self.classifier.hint_for(text)
         if hint is None:
             return session_route, text
         return self.route_for_hint(session_route, hint), text
@@ -209,11 +205,7 @@ class RouteResolver:
             return UNKNOWN_CAPACITY
         if info is None or info.tokens <= 0:
             return UNKNOWN_CAPACITY
-        return Capacity(info.tokens, "provider", dict(info.detail))
-
-    def forget(self, route: Route) -> None:
-        """Drop the cached discovery answer for this pair so the next ``capacity`` asks again."""
-        self._windows.pop((route.provider, route.model), None)
+        return Capacity(info.tokens, "provider")
 
     def budget(self, capacity: Capacity) -> int:
         return effective_context_budget(self.settings.runtime, capacity.window)

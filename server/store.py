@@ -2,8 +2,9 @@
 
 A session is a title, a route, an ordered transcript of ``ChatMessage`` (every mark and the turn id
 kept) and the list of provider calls it made. ``Store`` is the contract the session code calls; the
-embedded SQLite backend (``server.store_sqlite``) is the first implementation, and a server-grade
-one (Redis, Postgres) can replace it without touching the callers.
+embedded SQLite backend (``server.store_sqlite``) is the default; PostgreSQL (``server.store_postgres``)
+is the server-grade one several instances can share, chosen by ``[store] url``. Both run the same
+numbered schema migrations (``server.migrations``) when opened.
 
 Contract of the write methods: when the awaited call returns, the write is committed (a crash after
 that point loses nothing). ``append_messages`` adds after the last message; ``save_messages``
@@ -16,15 +17,15 @@ ISO-8601 UTC strings with microseconds, so they sort as text.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from types import UnionType
+from typing import Any, Protocol, Union, get_args, get_origin, get_type_hints
 
-from server.history import ChatMessage, Image, ToolCall, left_out_from, stored_marks
-
-if TYPE_CHECKING:
-    from server.store_sqlite import SqliteStore
+from server.errors import ConfigError
+from server.history import ChatMessage, left_out_from, stored_marks
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,7 @@ class SessionSummary:
     message_count: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "title": self.title, "route": self.route, "created_at": self.created_at,
-                "updated_at": self.updated_at, "message_count": self.message_count}
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass
@@ -95,58 +95,107 @@ class Store(Protocol):
     async def import_session(self, session: StoredSession) -> None: ...
 
 
-def open_store(data_dir: str | Path) -> SqliteStore:
-    """The embedded store: ``meterchat.sqlite3`` under ``data_dir`` (both created if missing)."""
-    from server.store_sqlite import SqliteStore
+class Clock:
+    """UTC ISO-8601 timestamps, strictly increasing within a store so "newest first" is exact."""
 
-    return SqliteStore.open(data_dir)
+    def __init__(self) -> None:
+        self._last = datetime.fromtimestamp(0, UTC)
+
+    def now(self) -> str:
+        current = datetime.now(UTC)
+        if current <= self._last:
+            current = self._last + timedelta(microseconds=1)
+        self._last = current
+        return current.isoformat(timespec="microseconds")
 
 
-# Message <-> plain data: one codec shared by the SQLite rows and the JSON export.
+def open_store(data_dir: str | Path, url: str = "", pool_size: int = 10, timeout: float = 10.0) -> Store:
+    """The store ``[store] url`` names (PostgreSQL), else the embedded one: ``meterchat.sqlite3``
+    under ``data_dir`` (both created if missing). Either is migrated to the current schema."""
+    if not url:
+        from server.store_sqlite import SqliteStore
 
-def tool_calls_to_data(calls: Sequence[ToolCall] | None) -> list[dict[str, Any]] | None:
-    if calls is None:
-        return None
-    return [{"id": call.id, "name": call.name, "arguments": call.arguments} for call in calls]
+        return SqliteStore.open(data_dir)
+    if url.split("://", 1)[0] not in ("postgresql", "postgres"):
+        raise ConfigError("store.url: expected postgresql://USER@HOST:PORT/DATABASE")
+    if pool_size < 1:
+        raise ConfigError(f"store.pool_size: expected at least 1, got {pool_size}")
+    if timeout <= 0:
+        raise ConfigError(f"store.timeout_seconds: expected more than 0, got {timeout}")
+    from server.store_postgres import PostgresStore
+
+    return PostgresStore.open(url, pool_size, timeout)
 
 
-def images_to_data(images: Sequence[Image] | None) -> list[dict[str, str]] | None:
-    if images is None:
-        return None
-    return [{"media_type": image.media_type, "data": image.data} for image in images]
+# Message <-> plain data: one codec shared by the SQLite rows and the JSON export, derived from the
+# dataclass fields, so a field added to ChatMessage is stored and exported without being listed here.
+
+def type_options(hint: Any) -> tuple[Any, ...]:
+    """The members of a union hint (``str | None`` is (str, NoneType)); any other hint alone."""
+    return get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
+
+
+def _item_type(hint: Any) -> type | None:
+    """``X`` for a ``list[X]`` or ``list[X] | None`` field: the dataclass each list item becomes."""
+    for option in type_options(hint):
+        if get_origin(option) is list:
+            item: type = get_args(option)[0]
+            return item
+    return None
+
+
+# ``left_out`` is kept as version 1 spelled it, a ``trimmed`` flag and an ``excluded`` reason in its
+# place (``history.stored_marks``), so the files and exports written before read the same.
+LEFT_OUT_AS: dict[str, Any] = {"trimmed": bool, "excluded": str | None}
+
+
+def _stored_hints() -> dict[str, Any]:
+    """Stored name -> type hint of every public field of ``ChatMessage``, ``id`` first: the order
+    of the export's keys and of the store's columns."""
+    hints = get_type_hints(ChatMessage)
+    stored: dict[str, Any] = {"id": hints["id"]}
+    for f in fields(ChatMessage):
+        if f.name == "left_out":
+            stored.update(LEFT_OUT_AS)
+        elif f.name != "id" and not f.name.startswith("_"):
+            stored[f.name] = hints[f.name]
+    return stored
+
+
+# The one table the store's columns and the export's fields are read from.
+MESSAGE_HINTS: dict[str, Any] = _stored_hints()
+MESSAGE_FIELDS: tuple[str, ...] = tuple(MESSAGE_HINTS)
+MESSAGE_FLAGS = frozenset(name for name, hint in MESSAGE_HINTS.items() if hint is bool)
+MESSAGE_LISTS: dict[str, type] = {name: kind for name, hint in MESSAGE_HINTS.items()
+                                  if (kind := _item_type(hint)) is not None}
+_ITEM_FIELDS = {kind: tuple(f.name for f in fields(kind)) for kind in MESSAGE_LISTS.values()}
+CALL_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CallRecord))
 
 
 def message_to_data(message: ChatMessage) -> dict[str, Any]:
     """Every public field of ``message`` as JSON-ready data."""
-    trimmed, excluded = stored_marks(message)
-    return {
-        "id": message.id, "role": message.role, "content": message.content,
-        "tool_calls": tool_calls_to_data(message.tool_calls), "tool_call_id": message.tool_call_id,
-        "images": images_to_data(message.images), "name": message.name,
-        "breadcrumb": message.breadcrumb, "summary": message.summary, "trimmed": trimmed,
-        "excluded": excluded, "interrupted": message.interrupted, "turn_id": message.turn_id,
-    }
+    marks: dict[str, Any] = dict(zip(LEFT_OUT_AS, stored_marks(message), strict=True))
+    data = {name: marks[name] if name in marks else getattr(message, name) for name in MESSAGE_FIELDS}
+    for name, kind in MESSAGE_LISTS.items():
+        if data[name] is not None:
+            names = _ITEM_FIELDS[kind]
+            data[name] = [{key: getattr(item, key) for key in names} for item in data[name]]
+    return data
 
 
-def message_from_data(data: dict[str, Any]) -> ChatMessage:
-    """The inverse of ``message_to_data``; the shape is trusted (validate untrusted input first)."""
-    calls = data.get("tool_calls")
-    images = data.get("images")
-    return ChatMessage(
-        role=data["role"], content=data["content"],
-        tool_calls=None if calls is None else [ToolCall(c["id"], c["name"], c["arguments"]) for c in calls],
-        tool_call_id=data.get("tool_call_id"),
-        images=None if images is None else [Image(i["media_type"], i["data"]) for i in images],
-        name=data.get("name"), breadcrumb=bool(data.get("breadcrumb")),
-        summary=bool(data.get("summary")),
-        left_out=left_out_from(bool(data.get("trimmed")), data.get("excluded")),
-        interrupted=bool(data.get("interrupted")),
-        turn_id=data.get("turn_id"), id=data["id"],
-    )
+def message_from_data(data: Mapping[str, Any]) -> ChatMessage:
+    """The inverse of ``message_to_data``; the shape is trusted (validate untrusted input first).
+    A field missing from ``data`` takes the dataclass default; flags are read as truthiness (the
+    store keeps them as 0/1)."""
+    values = {name: data[name] for name in MESSAGE_FIELDS if name in data and name not in LEFT_OUT_AS}
+    for name, kind in MESSAGE_LISTS.items():
+        if values.get(name) is not None:
+            values[name] = [kind(**item) for item in values[name]]
+    for name in MESSAGE_FLAGS & values.keys():
+        values[name] = bool(values[name])
+    values["left_out"] = left_out_from(bool(data.get("trimmed")), data.get("excluded"))
+    return ChatMessage(**values)
 
 
 def call_to_data(call: CallRecord) -> dict[str, Any]:
-    return {"turn_id": call.turn_id, "provider": call.provider, "model": call.model,
-            "route_kind": call.route_kind, "input_tokens": call.input_tokens,
-            "output_tokens": call.output_tokens, "tokens_source": call.tokens_source,
-            "cost_usd": call.cost_usd, "created_at": call.created_at}
+    return {name: getattr(call, name) for name in CALL_FIELDS}

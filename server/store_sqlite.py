@@ -1,8 +1,8 @@
 """The embedded store: one SQLite file, ``meterchat.sqlite3``, under the data directory.
 
 WAL journal with ``synchronous=NORMAL``: a committed write survives the process being killed
-(SIGKILL included); only a power cut can lose the last few commits. The schema is created on open
-and its version kept in ``schema_version``; a file written by a newer schema stops start-up.
+(SIGKILL included); only a power cut can lose the last few commits. Opening runs the pending schema
+migrations (``server.migrations``); a file written by a newer schema stops start-up.
 
 Threading: one connection, opened with ``check_same_thread=False`` and serialised by a
 ``threading.Lock`` held inside the worker thread that ``anyio.to_thread.run_sync`` runs each call
@@ -21,60 +21,42 @@ import json
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio.to_thread
 
-from server.errors import ConfigError, SessionExists, UnknownSession
-from server.history import ChatMessage, stored_marks
+from server.errors import SessionExists, UnknownSession
+from server.history import ChatMessage
+from server.migrations import migrate_sqlite
 from server.store import (
+    CALL_FIELDS,
+    MESSAGE_FIELDS,
+    MESSAGE_FLAGS,
+    MESSAGE_LISTS,
     CallRecord,
+    Clock,
     SessionSummary,
     StoredSession,
-    images_to_data,
+    call_to_data,
     message_from_data,
-    tool_calls_to_data,
+    message_to_data,
 )
 
-SCHEMA_VERSION = 1
 FILE_NAME = "meterchat.sqlite3"
 T = TypeVar("T")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS sessions (
-    id TEXT PRIMARY KEY, title TEXT NOT NULL, route TEXT NOT NULL,
-    created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS messages (
-    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-    id TEXT NOT NULL, position REAL NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
-    tool_calls TEXT, tool_call_id TEXT, images TEXT, name TEXT,
-    breadcrumb INTEGER NOT NULL, summary INTEGER NOT NULL, trimmed INTEGER NOT NULL,
-    excluded TEXT, interrupted INTEGER NOT NULL, turn_id TEXT,
-    PRIMARY KEY (session_id, id));
-CREATE INDEX IF NOT EXISTS messages_order ON messages (session_id, position);
-CREATE TABLE IF NOT EXISTS calls (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-    turn_id TEXT, provider TEXT NOT NULL, model TEXT NOT NULL, route_kind TEXT NOT NULL,
-    input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, tokens_source TEXT NOT NULL,
-    cost_usd REAL, created_at TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS calls_session ON calls (session_id, seq);
-"""
-
-# Columns after (session_id, id, position); the order of ``_row`` and of the SELECT below.
-_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "images", "name", "breadcrumb",
-           "summary", "trimmed", "excluded", "interrupted", "turn_id")
+# The tables are the migrations' (``server.migrations``: version 1 is the schema written before
+# migrations, verbatim; a new field needs a new migration). The message columns are the codec's
+# (``server.store.MESSAGE_FIELDS``: flags as INTEGER 0/1, lists as JSON TEXT); the test that reads
+# a version-1 file holds the two together.
+_FIELDS = MESSAGE_FIELDS[1:]  # the columns after (session_id, id, position)
 _INSERT = (f"INSERT INTO messages (session_id, id, position, {', '.join(_FIELDS)}) "
            f"VALUES ({', '.join('?' * (len(_FIELDS) + 3))})")
 _UPSERT = (_INSERT + " ON CONFLICT (session_id, id) DO UPDATE SET "
            + ", ".join(f"{name} = excluded.{name}" for name in _FIELDS))
 _SELECT = f"SELECT id, {', '.join(_FIELDS)} FROM messages WHERE session_id = ? ORDER BY position"
-_CALL_FIELDS = ("turn_id", "provider", "model", "route_kind", "input_tokens", "output_tokens",
-                "tokens_source", "cost_usd", "created_at")
 _SUMMARY = ("SELECT s.id, s.title, s.route, s.created_at, s.updated_at, "
             "(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id) FROM sessions s")
 
@@ -87,33 +69,20 @@ def _json(value: Any) -> str | None:
 
 def _row(message: ChatMessage) -> Row:
     """(id, *fields) of ``message``; built on the caller's thread."""
-    trimmed, excluded = stored_marks(message)
-    return (message.id, message.role, message.content, _json(tool_calls_to_data(message.tool_calls)),
-            message.tool_call_id, _json(images_to_data(message.images)), message.name,
-            int(message.breadcrumb), int(message.summary), int(trimmed), excluded,
-            int(message.interrupted), message.turn_id)
+    data = message_to_data(message)
+    for name in MESSAGE_LISTS:
+        data[name] = _json(data[name])
+    for name in MESSAGE_FLAGS:
+        data[name] = int(data[name])
+    return tuple(data.values())
 
 
 def _message(row: Row) -> ChatMessage:
-    data = dict(zip(("id", *_FIELDS), row, strict=True))
-    for key in ("tool_calls", "images"):
-        if data[key] is not None:
-            data[key] = json.loads(data[key])
+    data = dict(zip(MESSAGE_FIELDS, row, strict=True))
+    for name in MESSAGE_LISTS:
+        if data[name] is not None:
+            data[name] = json.loads(data[name])
     return message_from_data(data)
-
-
-class _Clock:
-    """UTC ISO-8601 timestamps, strictly increasing within a store so "newest first" is exact."""
-
-    def __init__(self) -> None:
-        self._last = datetime.fromtimestamp(0, UTC)
-
-    def now(self) -> str:
-        current = datetime.now(UTC)
-        if current <= self._last:
-            current = self._last + timedelta(microseconds=1)
-        self._last = current
-        return current.isoformat(timespec="microseconds")
 
 
 class SqliteStore:
@@ -123,7 +92,7 @@ class SqliteStore:
         self.path = path
         self._conn = connection
         self._lock = threading.Lock()
-        self._clock = _Clock()
+        self._clock = Clock()
 
     @classmethod
     def open(cls, data_dir: str | Path) -> SqliteStore:
@@ -196,7 +165,7 @@ class SqliteStore:
                 return None
             messages = [_message(row) for row in self._conn.execute(_SELECT, (session_id,))]
             calls = [CallRecord(*row) for row in self._conn.execute(
-                f"SELECT {', '.join(_CALL_FIELDS)} FROM calls WHERE session_id = ? ORDER BY seq",
+                f"SELECT {', '.join(CALL_FIELDS)} FROM calls WHERE session_id = ? ORDER BY seq",
                 (session_id,))]
         finally:
             self._conn.execute("COMMIT")
@@ -287,8 +256,8 @@ class SqliteStore:
     def _put_calls(self, session_id: str, calls: Sequence[CallRecord]) -> None:
         now = self._touch(session_id)
         self._conn.executemany(
-            f"INSERT INTO calls (session_id, {', '.join(_CALL_FIELDS)}) "
-            f"VALUES ({', '.join('?' * (len(_CALL_FIELDS) + 1))})",
+            f"INSERT INTO calls (session_id, {', '.join(CALL_FIELDS)}) "
+            f"VALUES ({', '.join('?' * (len(CALL_FIELDS) + 1))})",
             [(session_id, *_call_row(call, now)) for call in calls])
 
     async def import_session(self, session: StoredSession) -> None:
@@ -303,18 +272,13 @@ class SqliteStore:
 
 
 def _call_row(call: CallRecord, now: str) -> Row:
-    return (call.turn_id, call.provider, call.model, call.route_kind, call.input_tokens,
-            call.output_tokens, call.tokens_source, call.cost_usd, call.created_at or now)
+    data = call_to_data(call)
+    data["created_at"] = call.created_at or now
+    return tuple(data.values())
 
 
 def _prepare(connection: sqlite3.Connection, path: Path) -> None:
     connection.execute("PRAGMA journal_mode = WAL")
     connection.execute("PRAGMA synchronous = NORMAL")
     connection.execute("PRAGMA foreign_keys = ON")
-    connection.executescript(_SCHEMA)
-    row = connection.execute("SELECT MAX(version) FROM schema_version").fetchone()
-    if row[0] is None:
-        connection.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
-    elif row[0] > SCHEMA_VERSION:
-        raise ConfigError(f"{path.name}: written by a newer meterchat (schema {row[0]}, "
-                          f"this one reads up to {SCHEMA_VERSION})")
+    migrate_sqlite(connection, path.name)

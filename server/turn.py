@@ -124,15 +124,21 @@ class Turn:
             await self.session.set_aside(self.turn_id, SET_ASIDE_UNFIT)
             self.session.emit(error_frame(exc, turn_id=self.turn_id))
         except MeterchatError as exc:
-            await self.finish_reply(interrupted=True)
-            self.session.emit(error_frame(exc, turn_id=self.turn_id))
+            await self.fail(exc)
         except Exception as exc:  # a bug must not take the session down; the user is told
             log.exception("turn %s of session %s failed", self.turn_id, self.session.id)
-            await self.finish_reply(interrupted=True)
-            self.session.emit(error_frame(exc, turn_id=self.turn_id))
+            await self.fail(exc)
         else:
             await self.finish_reply(interrupted=False)
             await self.emit_done()
+
+    async def fail(self, exc: Exception) -> None:
+        """Keep the reply, marked interrupted, and tell the clients, even when the store refuses
+        the mark: the error that ended the turn may be the store's own (a lost database)."""
+        try:
+            await self.finish_reply(interrupted=True)
+        finally:
+            self.session.emit(error_frame(exc, turn_id=self.turn_id))
 
     async def loop(self) -> None:
         limit = self.options.max_tool_iterations

@@ -1,26 +1,23 @@
 """Helpers for the browser tests: a real meterchat server in a subprocess and Debian's chromium.
 
-The server is started the way a user starts it (``python -m server --config F --port N``) on a free
-loopback port with its own data folder; Playwright drives the system chromium and never downloads
-a browser of its own.
+The server is started the way a user starts it (``python -m server --config F``, through
+``tests.support.run_server``) on a free loopback port with its own data folder; Playwright drives
+the system chromium and never downloads a browser of its own.
 """
 
 from __future__ import annotations
 
 import re
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
-import httpx
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Browser, Locator, Page, expect
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import run_server
+
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -29,16 +26,55 @@ CHROMIUM_ARGS = [
     "--no-first-run",
     "--disable-sync",
 ]
-START_DEADLINE_S = 30.0
 ASSISTANT = '[data-role="assistant"]'
 DONE = '[data-role="assistant"][data-state="done"]'
 
+# Installed before the page's scripts: records every socket the page opens and every frame it sends
+# and receives, so tests read the real traffic instead of hooks in the page's code.
+SOCKET_SPY = """
+(() => {
+  const Native = window.WebSocket;
+  const spy = { sockets: [], sent: [], received: [] };
+  window.__spy = spy;
+  window.WebSocket = class extends Native {
+    constructor(...args) {
+      super(...args);
+      spy.sockets.push(this);
+      this.addEventListener("message", (event) => {
+        try { spy.received.push(JSON.parse(event.data)); } catch { /* not JSON */ }
+      });
+    }
+    send(data) {
+      try { spy.sent.push(JSON.parse(data)); } catch { /* not JSON */ }
+      super.send(data);
+    }
+  };
+})();
+"""
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def feed(page: Page, frame: dict[str, object]) -> None:
+    """Deliver a server frame the demo cannot produce on cue, through the page's open socket."""
+    page.evaluate(
+        """(frame) => {
+            const ws = window.__spy.sockets.at(-1);
+            ws.dispatchEvent(new MessageEvent("message", {data: JSON.stringify(frame)}));
+        }""",
+        frame,
+    )
+
+
+def received(page: Page, frame_type: str) -> list[dict[str, object]]:
+    """The frames of one type the page has received so far, oldest first."""
+    frames: list[dict[str, object]] = page.evaluate(
+        "(type) => window.__spy.received.filter((f) => f.type === type)", frame_type)
+    return frames
+
+
+def sent(page: Page, frame_type: str) -> list[dict[str, object]]:
+    frames: list[dict[str, object]] = page.evaluate(
+        "(type) => window.__spy.sent.filter((f) => f.type === type)", frame_type)
+    return frames
 
 
 def write_config(folder: Path, *, delay_ms: int = 5, extra: str = "") -> Path:
@@ -66,45 +102,8 @@ delay_ms = {delay_ms}
 @contextmanager
 def running_server(config: Path) -> Iterator[str]:
     """Start the server on a free port; yield its base URL; stop it afterwards."""
-    port = free_port()
-    log = config.parent / f"server-{port}.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "server", "--config", str(config),
-             "--host", "127.0.0.1", "--port", str(port)],
-            cwd=REPO,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            _wait_until_serving(process, base, log)
-            yield base
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def _wait_until_serving(process: subprocess.Popen[bytes], base: str, log: Path) -> None:
-    deadline = time.monotonic() + START_DEADLINE_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"meterchat exited with {process.returncode}:\n{_tail(log)}")
-        try:
-            if httpx.get(base + "/", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"meterchat did not answer within {START_DEADLINE_S}s:\n{_tail(log)}")
-
-
-def _tail(log: Path) -> str:
-    return log.read_text(errors="replace")[-8000:]
+    with run_server(config) as server:
+        yield server.url
 
 
 def chromium_path() -> str:
@@ -115,9 +114,16 @@ def chromium_path() -> str:
 
 
 @contextmanager
-def opened_page(browser: Browser, base: str) -> Iterator[Page]:
-    """A page in its own browser context; an uncaught error in the page's JavaScript fails the test."""
-    context = browser.new_context(base_url=base, viewport={"width": 1100, "height": 800})
+def opened_page(browser: Browser, base: str, *, viewport: tuple[int, int] = (1100, 800),
+                color_scheme: Literal["light", "dark"] = "light", touch: bool = False) -> Iterator[Page]:
+    """A page in its own browser context; an uncaught error in the page's JavaScript fails the test.
+
+    ``touch`` makes a phone: touch events, no hover, a coarse pointer.
+    """
+    width, height = viewport
+    context = browser.new_context(base_url=base, viewport={"width": width, "height": height},
+                                  color_scheme=color_scheme, has_touch=touch, is_mobile=touch)
+    context.add_init_script(SOCKET_SPY)
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -140,6 +146,14 @@ def send(page: Page, text: str) -> None:
     box = page.get_by_test_id("message-input")
     box.fill(text)
     box.press("Enter")
+
+
+def open_menu(page: Page, session_id: str) -> Locator:
+    """Open a sidebar row's action menu; return the row."""
+    item = page.locator(f'[data-testid="session-item"][data-session-id="{session_id}"]')
+    item.get_by_test_id("session-menu-button").click()
+    expect(item.get_by_test_id("session-menu")).to_be_visible()
+    return item
 
 
 def send_and_wait(page: Page, text: str) -> None:

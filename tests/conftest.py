@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["tests.fakes.fixtures", "tests.redis_support"]  # fake providers; redis_server
+# fake providers; pg_cluster (private PostgreSQL); redis_server (private Redis)
+pytest_plugins = ["tests.fakes.fixtures", "tests.pg_support", "tests.redis_support"]
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from server.api import api_routes
+from server.api import EXCEPTION_HANDLERS, ApiState, api_routes
 from server.export import to_json
 from server.history import ChatMessage
 from server.store import CallRecord, message_to_data, open_store
@@ -25,6 +26,7 @@ class Harness:
     client: TestClient
     store: SqliteStore
     changes: list[tuple[str, str]] = field(default_factory=list)
+    broken: set[str] = field(default_factory=set)  # changes whose on_change raises
 
     def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return anyio.run(partial(fn, *args, **kwargs))
@@ -42,13 +44,21 @@ class Harness:
 def api(tmp_path: Path) -> Iterator[Harness]:
     store = open_store(tmp_path)
     changes: list[tuple[str, str]] = []
+    broken: set[str] = set()
 
     async def on_change(session_id: str, what: str) -> None:
         changes.append((session_id, what))
+        if what in broken:
+            raise RuntimeError(f"live sessions could not follow {what}")
 
-    app = Starlette(routes=api_routes(store, on_change=on_change, max_import_bytes=200_000))
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[ApiState]:
+        yield {"store": store, "on_change": on_change}
+
+    app = Starlette(routes=api_routes(max_import_bytes=200_000), lifespan=lifespan,
+                    exception_handlers=EXCEPTION_HANDLERS)
     with TestClient(app) as client:
-        yield Harness(client, store, changes)
+        yield Harness(client, store, changes, broken)
     anyio.run(store.close)
 
 
@@ -81,6 +91,15 @@ def test_api_rename_returns_the_summary_and_tells_live_sessions(api: Harness) ->
     assert response.json()["title"] == "Renamed ✓"
     assert api.run(api.store.get_summary, "s").title == "Renamed ✓"
     assert api.changes == [("s", "renamed")]
+
+
+def test_api_change_hook_failure_is_logged_and_the_answer_stands(
+        api: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    api.seed("s")
+    api.broken.add("deleted")
+    assert api.client.delete("/api/sessions/s").status_code == 204
+    assert api.run(api.store.get_summary, "s") is None and api.changes == [("s", "deleted")]
+    assert "on_change('s', 'deleted') failed" in caplog.text
 
 
 @pytest.mark.parametrize("body, field_named", [
@@ -183,3 +202,25 @@ def test_api_import_over_the_limit_is_413(api: Harness) -> None:
 
     assert error_of(api.client.post("/api/sessions/import", content=chunks()))[:2] == (413, "too_large")
     assert api.client.get("/api/sessions").json() == []
+
+
+
+def test_api_errors_quote_client_values_cut_short(api: Harness) -> None:
+    huge = "x" * 20_000
+    api.seed("abc")
+    doc = {"format": "meterchat.session", "version": 1, "title": "t", "route": "demo",
+           "messages": [{"id": "a", "role": "user", "content": "hi"}]}
+    message = doc["messages"][0]
+    answers = [
+        api.client.get(f"/api/sessions/{huge}"),
+        api.client.patch(f"/api/sessions/{huge}", json={"title": "t"}),
+        api.client.get(f"/api/sessions/{huge}/export"),
+        api.client.get("/api/sessions/abc/export", params={"format": huge}),
+        api.client.post("/api/sessions/import", json={**doc, "format": huge}),
+        api.client.post("/api/sessions/import", json={**doc, "messages": [{**message, huge: 1}]}),
+        api.client.post("/api/sessions/import", json={**doc, "messages": [{**message, "role": huge}]}),
+        api.client.post("/api/sessions/import", json={**doc, "messages": [doc["messages"][0]] * 2}),
+    ]
+    for answer in answers:
+        status, _, message = error_of(answer)
+        assert 400 <= status < 500 and len(message) < 400, message[:300]

@@ -33,8 +33,10 @@ async def test_page_and_health_are_served(tmp_path):
 async def test_auth_guards_socket_events_and_api(tmp_path):
     with serve(settings_for(tmp_path, auth_token="s3cret")) as address:
         async with httpx.AsyncClient(base_url=f"http://{address}") as http:
-            assert (await http.get("/api/sessions")).status_code == 401
-            assert (await http.get("/events")).status_code == 401
+            refused = [await http.get("/api/sessions"), await http.get("/events")]
+            assert [r.status_code for r in refused] == [401, 401]
+            assert refused[0].json() == refused[1].json() == {
+                "error": {"code": "unauthorized", "message": "bearer token required"}}
             ok = await http.get("/api/sessions", headers={"Authorization": "Bearer s3cret"})
             assert ok.status_code == 200
             assert (await http.get("/")).status_code == 200

@@ -20,11 +20,14 @@ from tests.browser_support import (
     CHROMIUM_ARGS,
     DONE,
     chromium_path,
+    feed,
+    open_menu,
     open_new_chat,
     opened_page,
     running_server,
     send,
     send_and_wait,
+    sent,
     write_config,
 )
 
@@ -146,9 +149,8 @@ def test_meter_levels_and_a_missing_window_clears_the_old_one(page: Page) -> Non
         "type": "context", "provider": "p", "model": "m", "route_kind": "hint", "tokens_source": "provider",
         "context_token_budget": 1000, "reason": "usage",
     }
-    update = "frame => window.meterchat.handle(frame)"
     known = {"model_context_window": 2000, "window_source": "provider"}
-    page.evaluate(update, {**base, "estimated_tokens": 100, **known})
+    feed(page, {**base, "estimated_tokens": 100, **known})
     expect(meter).to_have_attribute("data-level", "calm")
     expect(page.get_by_test_id("meter-used")).to_have_text("100")  # provider counts carry no "~"
     expect(page.get_by_test_id("meter-route")).to_have_text("p/m")
@@ -156,19 +158,19 @@ def test_meter_levels_and_a_missing_window_clears_the_old_one(page: Page) -> Non
     expect(meter).to_have_attribute("title", re.compile(r"from provider metadata"))
     preview = page.get_by_test_id("trim-preview")
     expect(preview).to_be_hidden()
-    page.evaluate(update, {**base, "estimated_tokens": 1500, "model_context_window": 2000,
+    feed(page, {**base, "estimated_tokens": 1500, "model_context_window": 2000,
                            "trim_preview": {"turns": 2, "tokens": 1234}})
     expect(meter).to_have_attribute("data-level", "warn")
     expect(preview).to_be_visible()
     expect(preview).to_have_text("Next send will trim 2 turns, ~1,234 tokens, to fit the budget.")
     expect(page.get_by_test_id("meter-budget-marker")).to_be_visible()
-    page.evaluate(update, {**base, "estimated_tokens": 1900, "model_context_window": 2000})
+    feed(page, {**base, "estimated_tokens": 1900, "model_context_window": 2000})
     expect(meter).to_have_attribute("data-level", "danger")
     expect(preview).to_be_hidden()  # a frame without a preview clears the old one
-    page.evaluate(update, {**base, "estimated_tokens": 500})  # no window: the budget is the scale
+    feed(page, {**base, "estimated_tokens": 500})  # no window: the budget is the scale
     expect(page.get_by_test_id("meter-window")).to_have_text("1,000 budget (window unknown)")
     expect(page.get_by_test_id("meter-percent")).to_have_text("50%")
-    page.evaluate(update, {**base, "estimated_tokens": 500, "context_token_budget": 0})
+    feed(page, {**base, "estimated_tokens": 500, "context_token_budget": 0})
     expect(page.get_by_test_id("meter-window")).to_have_text("window unknown")
     expect(meter).to_have_attribute("data-level", "unknown")
     expect(page.get_by_test_id("meter-percent")).to_have_text("")
@@ -235,7 +237,7 @@ def test_session_list_shows_the_session_and_rename_works(page: Page) -> None:
     item = page.locator(f'[data-testid="session-item"][data-session-id="{session_id}"]')
     expect(item).to_be_visible()
     expect(item).to_have_attribute("aria-current", "")
-    item.get_by_test_id("session-rename").click()
+    open_menu(page, session_id).get_by_test_id("session-rename").click()
     field = item.get_by_test_id("session-rename-input")
     field.fill("Renamed by the browser test")
     field.press("Enter")
@@ -243,7 +245,7 @@ def test_session_list_shows_the_session_and_rename_works(page: Page) -> None:
     page.reload()
     item = page.locator(f'[data-testid="session-item"][data-session-id="{session_id}"]')
     expect(item.get_by_test_id("session-title")).to_have_text("Renamed by the browser test")
-    export = item.locator("a", has_text="JSON")
+    export = open_menu(page, session_id).locator("a", has_text="JSON")
     expect(export).to_have_attribute("href", re.compile(f"{session_id}/export\\?format=json"))
 
 
@@ -305,11 +307,13 @@ def test_dropped_socket_resumes_the_stream_without_gaps_or_repeats(browser: Brow
             open_new_chat(page)
             send(page, f"echo {words}")
             expect(page.locator('[data-state="streaming"] .msg-body')).to_contain_text("part3 ")
-            page.evaluate("() => window.meterchat.connection.ws.close()")
+            page.evaluate("() => window.__spy.sockets.at(-1).close()")
             expect(page.get_by_test_id("connection-status")).to_have_attribute("data-status", "online")
             expect(page.locator(DONE)).to_have_count(1)
             expect(page.locator(DONE).locator(".msg-body")).to_have_text(words)
-            assert page.evaluate("() => window.meterchat.connection.lastSeq") > 0
+            hellos = sent(page, "hello")
+            assert len(hellos) == 2 and isinstance(hellos[1].get("last_seq"), int)
+            assert hellos[1]["last_seq"] > 0  # the second socket resumed by seq
 
 
 def test_a_second_tab_sees_the_message_and_reply(browser: Browser, base_url: str) -> None:
@@ -347,7 +351,7 @@ def test_export_import_and_delete_from_the_sidebar(page: Page, base_url: str, tm
 
     original = page.locator(f'[data-testid="session-item"][data-session-id="{session_id}"]')
     expect(original).to_be_visible()
-    delete = original.get_by_test_id("session-delete")
+    delete = open_menu(page, session_id).get_by_test_id("session-delete")
     delete.click()
     expect(delete).to_have_text("Really delete?")  # one click never deletes
     delete.click()
@@ -357,14 +361,24 @@ def test_export_import_and_delete_from_the_sidebar(page: Page, base_url: str, tm
 
 def test_a_burst_of_chunks_renders_once_per_frame(page: Page) -> None:
     open_new_chat(page)
+    # Each render replaces the reply body's children once; count those replacements.
     renders = page.evaluate(
         """async () => {
-            const mc = window.meterchat;
-            mc.handle({type: "accepted", id: "burst", turn_id: "t-burst", content: "burst"});
-            const before = mc.renderStats.renders;
-            for (let i = 0; i < 50; i++) mc.handle({type: "chunk", turn_id: "t-burst", content: `w${i} `});
+            const ws = window.__spy.sockets.at(-1);
+            const deliver = (f) => ws.dispatchEvent(new MessageEvent("message", {data: JSON.stringify(f)}));
+            let renders = 0;
+            const watch = new MutationObserver((records) => {
+                for (const r of records) {
+                    if (r.target.classList?.contains("msg-body") && r.addedNodes.length) renders++;
+                }
+            });
+            const column = document.querySelector('[data-testid="conversation"]');
+            watch.observe(column, {childList: true, subtree: true});
+            deliver({type: "accepted", id: "burst", turn_id: "t-burst", content: "burst"});
+            for (let i = 0; i < 50; i++) deliver({type: "chunk", turn_id: "t-burst", content: `w${i} `});
             await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
-            return mc.renderStats.renders - before;
+            watch.disconnect();
+            return renders;
         }"""
     )
     assert renders == 1

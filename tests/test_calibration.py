@@ -35,16 +35,15 @@ def test_calibration_within_ten_percent_by_third_turn(multiple: float, seed: int
 
 def test_calibration_unknown_route_is_ratio_one() -> None:
     calibrations = Calibrations()
-    assert calibrations.ratio(LOCAL) == 1.0
     assert calibrations.apply(LOCAL, 1234) == 1234
 
 
 def test_calibration_routes_are_separate_and_keyed_by_pair() -> None:
     calibrations = Calibrations()
     calibrations.observe(LOCAL, 1000, 2000)
-    assert calibrations.ratio(Route("local", "qwen", "hint", "fast")) == 2.0
-    assert calibrations.ratio("local/qwen") == 2.0
-    assert calibrations.ratio(OTHER) == 1.0
+    assert calibrations.apply(Route("local", "qwen", "hint", "fast"), 100) == 200
+    assert calibrations.apply("local/qwen", 100) == 200
+    assert calibrations.apply(OTHER, 100) == 100
 
 
 def test_calibration_first_observation_sets_then_averages() -> None:
@@ -69,16 +68,9 @@ def test_calibration_ignores_zero_counts() -> None:
     calibrations = Calibrations()
     calibrations.observe(LOCAL, 0, 500)
     calibrations.observe(LOCAL, 500, 0)
-    assert calibrations.ratio(LOCAL) == 1.0
+    assert calibrations.apply(LOCAL, 500) == 500
     calibrations.observe(LOCAL, 500, 600)
-    assert calibrations.ratio(LOCAL) == pytest.approx(1.2)
-
-
-def test_calibration_forget_resets_route() -> None:
-    calibrations = Calibrations()
-    calibrations.observe(LOCAL, 100, 300)
-    calibrations.forget(LOCAL)
-    assert calibrations.apply(LOCAL, 100) == 100
+    assert calibrations.apply(LOCAL, 500) == 600
 
 
 def test_calibration_rejects_bad_alpha() -> None:

@@ -81,6 +81,16 @@ def test_config_missing_or_broken_file_is_a_config_error(tmp_path):
         load_settings(broken, env={})
 
 
+def test_config_defaults_are_the_dataclass_defaults():
+    from server.config import PROVIDER_SCHEMA, ProviderProfile, RuntimeSettings, ServerSettings
+
+    settings = settings_from_mapping({}, env={})
+    assert settings.server == ServerSettings() and settings.runtime == RuntimeSettings()
+    profile = ProviderProfile("x", "demo")
+    assert {s.name: s.default for s in PROVIDER_SCHEMA if s.name != "kind"} == \
+        {name: getattr(profile, name) for name in (s.name for s in PROVIDER_SCHEMA) if name != "kind"}
+
+
 @pytest.mark.parametrize("target", [0, -5, 1001])
 def test_compaction_target_outside_trigger_is_refused(target: int) -> None:
     data = {"runtime": {"compaction": {"strategy": "truncation", "tokens_exceed": 1000,

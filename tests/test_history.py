@@ -96,4 +96,3 @@ def test_left_out_is_stored_and_sent_as_trimmed_or_excluded() -> None:
     for left_out, marks in cases:
         message = ChatMessage("user", "x", left_out=left_out)
         assert stored_marks(message) == marks and left_out_from(*marks) == left_out
-        assert message.is_hidden == (left_out is not None)

@@ -235,7 +235,7 @@ async def test_live_calibration_is_shared_by_every_instance(redis_server):
         late = SharedCalibrations(redis, tasks, "three")
         await late.load()
         tasks.cancel_scope.cancel()
-    assert first.ratio("demo/demo-small") == second.ratio("demo/demo-small") == 1.5
+    assert first.apply("demo/demo-small", 1000) == second.apply("demo/demo-small", 1000) == 1500
     assert late.apply("demo/demo-small", 1000) == 1500
     await redis.aclose()
 

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from server.config import ProviderProfile
-from server.errors import AuthError, ContextOverflow, Overloaded, ProtocolError, RateLimited, Unavailable
+from server.errors import ContextOverflow, Overloaded, ProtocolError, RateLimited, Unavailable
 from server.history import ChatMessage, Image, ToolCall
 from server.providers.anthropic import AnthropicProvider
 from server.providers.base import (
@@ -167,35 +167,6 @@ async def test_anthropic_prompt_too_long_is_context_overflow(
     assert isinstance(error, ContextOverflow)
     assert (error.requested_tokens, error.limit_tokens) == (208656, 200000)
     assert error.message.startswith("claude: HTTP 400: prompt is too long")
-
-
-@pytest.mark.parametrize(
-    ("reply", "expected"),
-    [
-        (Reply(status=401, error="invalid x-api-key"), AuthError),
-        (Reply(status=403, error="no access"), AuthError),
-        (Reply(status=529, error="Overloaded"), Overloaded),
-        (Reply(status=500, error="Internal server error"), Unavailable),
-        (Reply(status=404, error="model: claude-nope"), ProtocolError),
-        (Reply(status=413, error="Request exceeds the maximum allowed number of bytes"), ProtocolError),
-        (Reply(status=400, error="messages: text content blocks must be non-empty"), ProtocolError),
-    ],
-)
-async def test_anthropic_http_errors_are_translated(
-    fake_anthropic: FakeAnthropic, provider: AnthropicProvider, reply: Reply, expected: type
-) -> None:
-    fake_anthropic.enqueue(reply)
-    events, error = await drain(provider.stream(HELLO))
-    assert events == [] and type(error) is expected
-    assert f"claude: HTTP {reply.status}: {reply.error}" == error.message
-
-
-async def test_anthropic_rate_limit_carries_retry_after(
-    fake_anthropic: FakeAnthropic, provider: AnthropicProvider
-) -> None:
-    fake_anthropic.enqueue(Reply(status=429, error="rate limited", headers={"retry-after": "12"}))
-    _, error = await drain(provider.stream(HELLO))
-    assert isinstance(error, RateLimited) and error.retry_after == 12.0 and error.retryable
 
 
 async def test_anthropic_rejected_request_names_the_field(

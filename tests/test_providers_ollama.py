@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from server.config import ProviderProfile
-from server.errors import AuthError, ContextOverflow, Overloaded, ProtocolError, Unavailable
+from server.errors import ContextOverflow, ProtocolError, Unavailable
 from server.history import ChatMessage, Image, ToolCall
 from server.providers.base import (
     Finish,
@@ -143,24 +143,6 @@ async def test_ollama_overflow_texts_are_context_overflow(
     fake_ollama.enqueue(FakeOllama.overflow(message))
     _, error = await drain(provider.stream(HELLO))
     assert isinstance(error, ContextOverflow) and error.message == f"local: HTTP 400: {message}"
-
-
-@pytest.mark.parametrize(
-    ("reply", "expected"),
-    [
-        (Reply(status=404, error="model 'nope' not found, try pulling it first"), ProtocolError),
-        (Reply(status=401, error="unauthorized"), AuthError),
-        (Reply(status=503, error="server busy, please try again"), Overloaded),
-        (Reply(status=500, error="llama runner process has terminated"), Unavailable),
-    ],
-)
-async def test_ollama_http_errors_are_translated(
-    fake_ollama: FakeOllama, provider: OllamaProvider, reply: Reply, expected: type
-) -> None:
-    fake_ollama.enqueue(reply)
-    events, error = await drain(provider.stream(HELLO))
-    assert events == [] and type(error) is expected
-    assert error.message == f"local: HTTP {reply.status}: {reply.error}"
 
 
 async def test_ollama_error_line_after_200(fake_ollama: FakeOllama, provider: OllamaProvider) -> None:

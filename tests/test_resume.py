@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import anyio
-import httpx
 import pytest
 
-from tests.support import client, of_type, serve, settings_for, slow_settings, text_of
+from tests.support import (
+    SHORT_REPLY,
+    client,
+    of_type,
+    run_server,
+    serve,
+    settings_for,
+    slow_settings,
+    text_of,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -22,7 +25,7 @@ async def test_resume_mid_stream_loses_and_repeats_nothing(tmp_path):
     with serve(slow_settings(tmp_path)) as address:
         async with client(address) as a:
             await a.hello()
-            seen = await a.start_turn()
+            seen = await a.start_turn(SHORT_REPLY)
             seen += [await a.recv(), await a.recv()]
         last_seq = seen[-1]["seq"]
         async with client(address) as b:
@@ -39,7 +42,7 @@ async def test_reconnect_without_last_seq_gets_a_snapshot_of_the_stream(tmp_path
     with serve(slow_settings(tmp_path)) as address:
         async with client(address) as a:
             await a.hello()
-            await a.start_turn()
+            await a.start_turn(SHORT_REPLY)
             async with client(address) as b:
                 frames = await b.hello(a.session_id)
                 session, history = frames[0], frames[1]
@@ -76,59 +79,25 @@ async def test_restore_applies_the_turn_limit(tmp_path):
     assert trimmed["dropped_messages"] == 4 and frames[-1]["reason"] == "restore"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(config: Path, port: int) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen([sys.executable, "-m", "server", "--config", str(config), "--port", str(port),
-                                "--log-level", "warning"], stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-            return process
-        except httpx.TransportError:
-            if process.poll() is not None:
-                raise RuntimeError(process.stderr.read().decode() if process.stderr else "exited") from None
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError("server did not answer")
-
-
 async def test_sigkill_mid_stream_loses_no_user_message(tmp_path):
     config = tmp_path / "meterchat.toml"
     config.write_text(f'[server]\ndata_dir = "{tmp_path / "data"}"\nstore_flush_ms = 50\n'
                       '[providers.demo]\nkind = "demo"\nmodel = "demo-small"\ncontext_window = 4096\n'
                       'delay_ms = 40\n')
-    port = free_port()
-    process = start_server(config, port)
-    try:
-        async with client(f"127.0.0.1:{port}") as c:
+    with run_server(config) as first:
+        async with client(first.address) as c:
             await c.hello()
             await c.say("echo first answer")
             await c.send("message", id="q2", content="hello")
             seen = await c.until("chunk")
             for _ in range(8):
                 seen.append(await c.recv())
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait(10)
-    finally:
-        if process.poll() is None:
-            process.kill()
-        if process.stderr:
-            process.stderr.close()
-    process = start_server(config, port)
-    try:
-        async with client(f"127.0.0.1:{port}") as d:
+            assert first.process is not None
+            os.kill(first.process.pid, signal.SIGKILL)
+            first.process.wait(10)
+    with run_server(config) as second:
+        async with client(second.address) as d:
             history = (await d.hello(c.session_id))[1]["messages"]
-    finally:
-        process.terminate()
-        process.wait(10)
-        if process.stderr:
-            process.stderr.close()
     users = [m["content"] for m in history if m["role"] == "user"]
     replies = [m for m in history if m["role"] == "assistant"]
     assert users == ["echo first answer", "hello"]

@@ -217,7 +217,7 @@ async def test_capacity_discovered_once_and_cached() -> None:
     resolver = make_resolver({"local": provider})
     first = await resolver.capacity(Route("local", "mistral"))
     second = await resolver.capacity(Route("local", "mistral", "hint", "fast"))
-    assert first == second == Capacity(32768, "provider", {"field": "max_model_len"})
+    assert first == second == Capacity(32768, "provider")
     assert provider.asked == ["mistral"]
 
 
@@ -246,7 +246,7 @@ async def test_capacity_config_answer_does_not_ask_provider() -> None:
 
 
 @pytest.mark.anyio
-async def test_capacity_none_answer_is_cached_until_forget() -> None:
+async def test_capacity_none_answer_is_cached_until_the_retry_interval(monkeypatch) -> None:
     provider = CountingProvider({})
     resolver = make_resolver({"local": provider})
     route = Route("local", "mistral")
@@ -254,7 +254,8 @@ async def test_capacity_none_answer_is_cached_until_forget() -> None:
     assert await resolver.capacity(route) == Capacity(None, None)
     assert provider.asked == ["mistral"]
     provider.windows["mistral"] = 16000
-    resolver.forget(route)
+    later = time.monotonic() + routing.UNKNOWN_RETRY_SECONDS
+    monkeypatch.setattr(routing.time, "monotonic", lambda: later)
     assert (await resolver.capacity(route)).window == 16000
     assert provider.asked == ["mistral", "mistral"]
 

@@ -6,18 +6,50 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+import psycopg
 import pytest
 
 from server.errors import ConfigError, SessionExists, UnknownSession
 from server.history import ChatMessage, Image, ToolCall
-from server.store import CallRecord, message_to_data, open_store
-from server.store_sqlite import FILE_NAME, SqliteStore
+from server.store import CallRecord, Store, message_to_data, open_store
+from server.store_sqlite import FILE_NAME
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One store backend under test: how to open it (again) and how to count rows behind its back."""
+
+    name: str
+    data_dir: Path
+    url: str = ""
+
+    def open(self) -> Store:
+        return open_store(self.data_dir, self.url)
+
+    def count(self, sql: str) -> int:
+        if not self.url:
+            with sqlite3.connect(self.data_dir / FILE_NAME) as raw:
+                return int(raw.execute(sql).fetchone()[0])
+        with psycopg.connect(self.url) as raw:
+            row = raw.execute(sql).fetchone()
+            assert row is not None
+            return int(row[0])
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """Every store test runs on both backends; PostgreSQL on a fresh database of the private cluster."""
+    if request.param == "sqlite":
+        return Backend("sqlite", tmp_path / "data")
+    cluster = request.getfixturevalue("pg_cluster")
+    return Backend("postgresql", tmp_path / "unused", cluster.new_database())
 
 
 def every_field_messages() -> list[ChatMessage]:
@@ -40,13 +72,13 @@ def as_data(messages: list[ChatMessage]) -> list[dict[str, object]]:
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
-    opened = open_store(tmp_path / "data")
+async def store(backend: Backend) -> AsyncIterator[Store]:
+    opened = backend.open()
     yield opened
     await opened.close()
 
 
-async def test_store_round_trips_every_field_and_mark(store: SqliteStore) -> None:
+async def test_store_round_trips_every_field_and_mark(store: Store) -> None:
     messages = every_field_messages()
     await store.create_session("s1", title="Title ✓", route="demo/demo-small")
     await store.append_messages("s1", messages)
@@ -58,12 +90,12 @@ async def test_store_round_trips_every_field_and_mark(store: SqliteStore) -> Non
     assert session.messages[3].images == messages[3].images
 
 
-async def test_store_get_unknown_session_is_none(store: SqliteStore) -> None:
+async def test_store_get_unknown_session_is_none(store: Store) -> None:
     assert await store.get_session("nope") is None
     assert await store.get_summary("nope") is None
 
 
-async def test_store_appends_keep_order_across_calls(store: SqliteStore) -> None:
+async def test_store_appends_keep_order_across_calls(store: Store) -> None:
     await store.create_session("s", title="t", route="r")
     first = [ChatMessage("user", f"a{i}") for i in range(3)]
     second = [ChatMessage("assistant", f"b{i}") for i in range(3)]
@@ -74,7 +106,7 @@ async def test_store_appends_keep_order_across_calls(store: SqliteStore) -> None
     assert [m.content for m in session.messages] == ["a0", "a1", "a2", "b0", "b1", "b2"]
 
 
-async def test_store_save_messages_upserts_by_id(store: SqliteStore) -> None:
+async def test_store_save_messages_upserts_by_id(store: Store) -> None:
     await store.create_session("s", title="t", route="r")
     user, reply = ChatMessage("user", "q"), ChatMessage("assistant", "")
     await store.append_messages("s", [user, reply])
@@ -89,7 +121,7 @@ async def test_store_save_messages_upserts_by_id(store: SqliteStore) -> None:
     assert session.messages[1].content == "partial answer"
 
 
-async def test_store_save_messages_appends_an_unsaved_stream(store: SqliteStore) -> None:
+async def test_store_save_messages_appends_an_unsaved_stream(store: Store) -> None:
     await store.create_session("s", title="t", route="r")
     reply = ChatMessage("assistant", "first chunk")
     await store.save_messages("s", [reply])
@@ -100,7 +132,7 @@ async def test_store_save_messages_appends_an_unsaved_stream(store: SqliteStore)
     assert [m.content for m in session.messages] == ["first chunk and more"]
 
 
-async def test_store_insert_message_lands_at_index(store: SqliteStore) -> None:
+async def test_store_insert_message_lands_at_index(store: Store) -> None:
     await store.create_session("s", title="t", route="r")
     await store.append_messages("s", [ChatMessage("system", "sys"), ChatMessage("user", "u1")])
     await store.insert_message("s", 1, ChatMessage("user", "crumb", breadcrumb=True))
@@ -111,7 +143,7 @@ async def test_store_insert_message_lands_at_index(store: SqliteStore) -> None:
     assert [m.content for m in session.messages] == ["first", "sys", "crumb", "u1", "last"]
 
 
-async def test_store_insert_message_renumbers_when_floats_run_out(store: SqliteStore) -> None:
+async def test_store_insert_message_renumbers_when_floats_run_out(store: Store) -> None:
     await store.create_session("s", title="t", route="r")
     head = [ChatMessage("system", "sys0"), ChatMessage("system", "sys1"), ChatMessage("user", "end")]
     await store.append_messages("s", head)
@@ -124,7 +156,7 @@ async def test_store_insert_message_renumbers_when_floats_run_out(store: SqliteS
     assert [m.content for m in session.messages] == expected
 
 
-async def test_store_list_sessions_newest_first_with_counts(store: SqliteStore) -> None:
+async def test_store_list_sessions_newest_first_with_counts(store: Store) -> None:
     for name in ("a", "b", "c"):
         await store.create_session(name, title=name.upper(), route="r")
     await store.append_messages("a", [ChatMessage("user", "x"), ChatMessage("assistant", "y")])
@@ -134,7 +166,7 @@ async def test_store_list_sessions_newest_first_with_counts(store: SqliteStore) 
     assert summaries[0].updated_at > summaries[0].created_at
 
 
-async def test_store_rename_and_set_route(store: SqliteStore) -> None:
+async def test_store_rename_and_set_route(store: Store) -> None:
     await store.create_session("s", title="old", route="demo")
     await store.rename_session("s", "new")
     await store.set_route("s", "demo/demo-open")
@@ -143,7 +175,7 @@ async def test_store_rename_and_set_route(store: SqliteStore) -> None:
     assert (summary.title, summary.route) == ("new", "demo/demo-open")
 
 
-async def test_store_records_calls_in_order(store: SqliteStore) -> None:
+async def test_store_records_calls_in_order(store: Store) -> None:
     await store.create_session("s", title="t", route="r")
     first = CallRecord("t1", "demo", "demo-small", "default", 10, 5, "provider", 0.25)
     second = CallRecord("t2", "openai", "gpt", "hint", 20, 7, "estimate", None, "2020-01-01T00:00:00+00:00")
@@ -156,7 +188,7 @@ async def test_store_records_calls_in_order(store: SqliteStore) -> None:
     assert session.calls[0] == CallRecord(**{**first.__dict__, "created_at": session.calls[0].created_at})
 
 
-async def test_store_delete_cascades_to_messages_and_calls(store: SqliteStore) -> None:
+async def test_store_delete_cascades_to_messages_and_calls(store: Store, backend: Backend) -> None:
     await store.create_session("s", title="t", route="r")
     await store.create_session("keep", title="t", route="r")
     await store.append_messages("s", every_field_messages())
@@ -164,13 +196,12 @@ async def test_store_delete_cascades_to_messages_and_calls(store: SqliteStore) -
     await store.record_call("s", CallRecord(None, "demo", "m", "default", 1, 1, "estimate"))
     await store.delete_session("s")
     assert await store.get_session("s") is None
-    with sqlite3.connect(store.path) as raw:
-        assert raw.execute("SELECT COUNT(*) FROM messages WHERE session_id = 's'").fetchone() == (0,)
-        assert raw.execute("SELECT COUNT(*) FROM calls").fetchone() == (0,)
-        assert raw.execute("SELECT COUNT(*) FROM messages").fetchone() == (1,)
+    assert backend.count("SELECT COUNT(*) FROM messages WHERE session_id = 's'") == 0
+    assert backend.count("SELECT COUNT(*) FROM calls") == 0
+    assert backend.count("SELECT COUNT(*) FROM messages") == 1
 
 
-async def test_store_unknown_session_writes_raise(store: SqliteStore) -> None:
+async def test_store_unknown_session_writes_raise(store: Store) -> None:
     with pytest.raises(UnknownSession):
         await store.append_messages("ghost", [ChatMessage("user", "x")])
     with pytest.raises(UnknownSession):
@@ -182,7 +213,7 @@ async def test_store_unknown_session_writes_raise(store: SqliteStore) -> None:
     assert await store.list_sessions() == []
 
 
-async def test_store_create_existing_id_raises(store: SqliteStore) -> None:
+async def test_store_create_existing_id_raises(store: Store) -> None:
     await store.create_session("s", title="t", route="r")
     with pytest.raises(SessionExists):
         await store.create_session("s", title="other", route="r")
@@ -190,13 +221,13 @@ async def test_store_create_existing_id_raises(store: SqliteStore) -> None:
     assert summary is not None and summary.title == "t"
 
 
-async def test_store_reopens_after_close(tmp_path: Path) -> None:
+async def test_store_reopens_after_close(backend: Backend) -> None:
     messages = every_field_messages()
-    first = open_store(tmp_path)
+    first = backend.open()
     await first.create_session("s", title="t", route="r")
     await first.append_messages("s", messages)
     await first.close()
-    second = open_store(tmp_path)
+    second = backend.open()
     session = await second.get_session("s")
     await second.close()
     assert session is not None
@@ -211,6 +242,44 @@ async def test_store_file_is_in_wal_mode(tmp_path: Path) -> None:
         assert raw.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
 
 
+# The version-1 messages table as the first release wrote it, spelled out, so a codec derived from
+# ChatMessage that drifted from the files users already have fails here.
+VERSION_1_MESSAGES = """CREATE TABLE sessions (id TEXT PRIMARY KEY, title TEXT NOT NULL, route TEXT NOT NULL,
+    created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
+CREATE TABLE messages (session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    id TEXT NOT NULL, position REAL NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
+    tool_calls TEXT, tool_call_id TEXT, images TEXT, name TEXT,
+    breadcrumb INTEGER NOT NULL, summary INTEGER NOT NULL, trimmed INTEGER NOT NULL,
+    excluded TEXT, interrupted INTEGER NOT NULL, turn_id TEXT, PRIMARY KEY (session_id, id));"""
+VERSION_1_ROWS = [
+    ("s", "m3", 3.0, "user", "look ✓", None, None, '[{"media_type": "image/png", "data": "aGVsbG8="}]',
+     None, 0, 0, 1, None, 0, "t1"),
+    ("s", "m4", 4.0, "assistant", "", '[{"id": "c1", "name": "search", "arguments": {"q": "x"}}]', None,
+     None, None, 1, 1, 0, "compacted", 1, "t1"),
+]
+
+
+async def test_store_reads_a_version_1_file_and_writes_the_same_rows(tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / FILE_NAME) as raw:
+        raw.executescript(VERSION_1_MESSAGES)
+        raw.execute("INSERT INTO sessions VALUES ('s', 't', 'r', '2024', '2024')")
+        raw.executemany(f"INSERT INTO messages VALUES ({', '.join('?' * 15)})", VERSION_1_ROWS)
+    store = open_store(tmp_path)
+    session = await store.get_session("s")
+    assert session is not None
+    image, call = session.messages
+    assert (image.id, image.images, image.breadcrumb, image.left_out is not None) == \
+        ("m3", [Image("image/png", "aGVsbG8=")], False, True)
+    assert (call.tool_calls, call.breadcrumb, call.summary, call.interrupted, call.left_out is not None) == \
+        ([ToolCall("c1", "search", {"q": "x"})], True, True, True, True)
+    await store.create_session("copy", title="t", route="r")
+    await store.append_messages("copy", session.messages)
+    await store.close()
+    with sqlite3.connect(tmp_path / FILE_NAME) as raw:
+        rows = raw.execute("SELECT * FROM messages WHERE session_id = 'copy' ORDER BY position").fetchall()
+    assert [row[1:2] + row[3:] for row in rows] == [row[1:2] + row[3:] for row in VERSION_1_ROWS]
+
+
 async def test_store_refuses_a_newer_schema(tmp_path: Path) -> None:
     await open_store(tmp_path).close()
     with sqlite3.connect(tmp_path / FILE_NAME) as raw:
@@ -219,7 +288,7 @@ async def test_store_refuses_a_newer_schema(tmp_path: Path) -> None:
         open_store(tmp_path)
 
 
-async def test_store_concurrent_appends_all_land(store: SqliteStore) -> None:
+async def test_store_concurrent_appends_all_land(store: Store) -> None:
     await store.create_session("s", title="t", route="r")
 
     async def writer(name: str) -> None:
@@ -242,8 +311,8 @@ import sys, anyio
 from server.history import ChatMessage
 from server.store import open_store
 
-async def main(folder):
-    store = open_store(folder)
+async def main(folder, url):
+    store = open_store(folder, url)
     await store.create_session("s", title="t", route="demo")
     reply = ChatMessage("assistant", "", id="reply")
     await store.save_messages("s", [reply])
@@ -255,14 +324,14 @@ async def main(folder):
         await store.save_messages("s", [reply])
         print(i, flush=True)
 
-anyio.run(main, sys.argv[1])
+anyio.run(main, sys.argv[1], sys.argv[2])
 """
 
 
-async def test_store_survives_sigkill_mid_stream(tmp_path: Path) -> None:
+async def test_store_survives_sigkill_mid_stream(backend: Backend) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE,
-                             env=env, text=True)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(backend.data_dir), backend.url],
+                             stdout=subprocess.PIPE, env=env, text=True)
     assert child.stdout is not None
     last = 0
     while last < 300:
@@ -273,7 +342,7 @@ async def test_store_survives_sigkill_mid_stream(tmp_path: Path) -> None:
     child.wait()
     child.stdout.close()
     assert child.returncode == -signal.SIGKILL
-    store = open_store(tmp_path)
+    store = backend.open()
     session = await store.get_session("s")
     await store.close()
     assert session is not None
@@ -282,3 +351,32 @@ async def test_store_survives_sigkill_mid_stream(tmp_path: Path) -> None:
     assert ids[1:last + 1] == [f"m{i}" for i in range(1, last + 1)]
     assert f"<{last}>" in session.messages[0].content
     assert session.messages[0].content.startswith("".join(f"<{i}>" for i in range(1, last + 1)))
+
+
+async def test_store_keeps_a_nul_character_in_content(store: Store) -> None:
+    await store.create_session("s", title="t", route="r")
+    await store.append_messages("s", [ChatMessage("assistant", "before\x00after")])
+    session = await store.get_session("s")
+    assert session is not None
+    assert session.messages[0].content == "before\x00after"
+
+
+async def test_store_two_stores_on_one_database_share_a_session(store: Store, backend: Backend) -> None:
+    """Two servers on one database: each sees the other's writes, and interleaved appends all land."""
+    other = backend.open()
+    await store.create_session("s", title="t", route="r")
+
+    async def writer(opened: Store, name: str) -> None:
+        for i in range(15):
+            await opened.append_messages("s", [ChatMessage("user", f"{name}{i}")])
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(writer, store, "a")
+        group.start_soon(writer, other, "b")
+    await other.rename_session("s", "renamed elsewhere")
+    session = await store.get_session("s")
+    await other.close()
+    assert session is not None and session.title == "renamed elsewhere"
+    contents = [m.content for m in session.messages]
+    for name in "ab":
+        assert [c for c in contents if c[0] == name] == [f"{name}{i}" for i in range(15)]

@@ -1,194 +1,96 @@
-"""The HTTP boundary shared by the network dialects: one place where httpx failures and error bodies
-become ``server.errors`` classes.
+"""The HTTP boundary shared by the network dialects: the client and its limits, the streaming call, and
+the loop that feeds a reply's bytes through a dialect's decoder and stream state.
 
-    transport failure (refused, timeout, dropped)   -> Unavailable
-    context overflow (any dialect, see below)       -> ContextOverflow
-    401 / 403, authentication_error                 -> AuthError
-    429, rate_limit_error                           -> RateLimited (retry_after from Retry-After)
-    503 / 529, overloaded_error                     -> Overloaded
-    other 5xx, api_error, error event after 200     -> Unavailable
-    other 4xx                                       -> ProtocolError
-
-``overflow_signal`` is the one context-overflow recogniser for all dialects: OpenAI
-``error.code == "context_length_exceeded"``; llama.cpp ``error.type == "exceed_context_size_error"``
-(400 or 500, with ``n_prompt_tokens``/``n_ctx``); vLLM's "maximum context length ... you requested M
-tokens" (top-level ``{"object": "error"}`` or nested ``error``); Anthropic's "prompt is too long: N
-tokens > M maximum"; Ollama's "the input length exceeds the context length" and kin. Every message
-names the provider alias and the HTTP status.
+Every resource a provider could exhaust is bounded here: connections (``max_connections``; a call that
+finds none free within ``pool_timeout_seconds`` is ``Overloaded`` at once instead of queueing behind
+the others), error bodies (read to ``MAX_ERROR_BODY`` bytes, never whole), lines
+(``max_line_bytes``, else ``ProtocolError``) and silence dressed as keep-alives (no event for
+``idle_timeout_seconds``: ``Unavailable``). What leaves is safe: error messages are shortened and
+redacted (the full body goes to the DEBUG log, redacted too), text is valid Unicode (``redact.py``).
+Failures are translated in ``translate.py``.
 """
 
 from __future__ import annotations
 
-import email.utils
 import json
-import re
+import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
-from contextlib import aclosing, asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import anyio
 import httpx
 
 from server.config import ProviderProfile
-from server.errors import (
-    AuthError,
-    ContextOverflow,
-    Overloaded,
-    ProtocolError,
-    ProviderError,
-    RateLimited,
-    Unavailable,
+from server.errors import ProtocolError, ProviderError
+from server.providers.base import StreamEvent
+from server.providers.decoders import LineTooLong
+from server.providers.redact import redact, short_message
+from server.providers.text import TextGuard
+from server.providers.translate import (
+    idle_too_long,
+    parse_body,
+    stream_ended_early,
+    translate_error,
+    transport_error,
 )
 
-_OVERFLOW_TEXT = re.compile(
-    r"maximum context length|context length|context window|context size|prompt is too long"
-    r"|exceeds? the (?:available )?context|too many tokens",
-    re.IGNORECASE,
-)
-_LIMIT = re.compile(r"maximum context length is (\d+)|(\d+) maximum|context length of (\d+)", re.I)
-_REQUESTED = re.compile(r"(?:resulted in|requested|too long:) (\d+) tokens", re.I)
-_NOT_OVERFLOW_STATUS = (401, 403, 404, 429, 503, 529)
+log = logging.getLogger("server.providers")
 
-
-@dataclass(frozen=True)
-class Overflow:
-    """What a provider said about an overflow; either count is None when it did not say."""
-
-    requested: int | None = None
-    limit: int | None = None
+MAX_ERROR_BODY = 64 * 1024
+DRAIN_SECONDS = 2.0
 
 
 def build_client(profile: ProviderProfile) -> httpx.AsyncClient:
-    # The read timeout bounds the silence between chunks, not the whole reply.
-    timeout = httpx.Timeout(profile.timeout_seconds, connect=min(10.0, profile.timeout_seconds))
-    return httpx.AsyncClient(timeout=timeout)
+    # The read timeout bounds the silence between chunks, not the whole reply; silence longer than
+    # the idle limit is no content either.
+    read = min(profile.timeout_seconds, profile.idle_timeout_seconds)
+    timeout = httpx.Timeout(read, connect=min(10.0, read), pool=profile.pool_timeout_seconds)
+    # Every connection may stay alive: above the keep-alive count each turn would pay a new TCP (and
+    # TLS) handshake.
+    limits = httpx.Limits(max_connections=profile.max_connections,
+                          max_keepalive_connections=profile.max_connections,
+                          keepalive_expiry=profile.keepalive_expiry_seconds)
+    return httpx.AsyncClient(timeout=timeout, limits=limits)
 
 
-def error_parts(payload: Any) -> tuple[str, str, Any, Mapping[str, Any]]:
-    """(message, type, code, the error object) from any dialect's error body."""
-    if isinstance(payload, str):
-        return payload, "", None, {}
-    if not isinstance(payload, Mapping):
-        return "", "", None, {}
-    inner = payload.get("error", payload)
-    if isinstance(inner, str):  # Ollama: {"error": "..."}
-        return inner, "", None, payload
-    if not isinstance(inner, Mapping):
-        return "", "", None, payload
-    message = inner.get("message") or payload.get("message") or ""
-    return str(message), str(inner.get("type") or ""), inner.get("code"), inner
+def secrets_of(profile: ProviderProfile) -> tuple[str, ...]:
+    """What must never appear in a message: the key, and the credentials in ``base_url``."""
+    parts = urlsplit(profile.base_url)
+    found = [profile.api_key, parts.password or ""]
+    if parts.username and parts.password:
+        found.append(f"{parts.username}:{parts.password}")
+    return tuple(secret for secret in found if secret)
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _first_group(pattern: re.Pattern[str], text: str) -> int | None:
-    match = pattern.search(text)
-    if match is None:
-        return None
-    return int(next(group for group in match.groups() if group is not None))
-
-
-def overflow_signal(status: int | None, payload: Any) -> Overflow | None:
-    """The context-overflow recogniser shared by every dialect; None when this is not an overflow."""
-    message, kind, code, error = error_parts(payload)
-    if kind == "exceed_context_size_error":
-        return Overflow(_int(error.get("n_prompt_tokens")), _int(error.get("n_ctx")))
-    structural = code == "context_length_exceeded"
-    if not structural and (status in _NOT_OVERFLOW_STATUS or not _OVERFLOW_TEXT.search(message)):
-        return None
-    return Overflow(_first_group(_REQUESTED, message), _first_group(_LIMIT, message))
-
-
-def retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds from ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date)."""
-    raw_ms = headers.get("retry-after-ms")
-    if raw_ms:
-        try:
-            return max(0.0, float(raw_ms) / 1000)
-        except ValueError:
-            pass
-    raw = headers.get("retry-after")
-    if not raw:
-        return None
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(raw)
-        except (TypeError, ValueError):
-            return None
-        return max(0.0, when.timestamp() - time.time())
-
-
-def classify(alias: str, status: int | None, payload: Any,
-             headers: Mapping[str, str] | None = None) -> ProviderError:
-    """The error for an error body; ``status`` None means an error event after HTTP 200."""
-    message, kind, _, _ = error_parts(payload)
-    where = f"HTTP {status}" if status is not None else "HTTP 200, then an error event"
-    text = f"{alias}: {where}: {message or kind or 'no message'}"
-    overflow = overflow_signal(status, payload)
-    if overflow is not None:
-        return _overflow_error(text, status, overflow)
-    if status in (401, 403) or kind in ("authentication_error", "permission_error"):
-        return AuthError(text, status=status)
-    if status == 429 or kind == "rate_limit_error":
-        return RateLimited(text, status=status, retry_after=retry_after(headers or {}))
-    if status in (503, 529) or kind == "overloaded_error":
-        return Overloaded(text, status=status)
-    if status is None or status >= 500 or kind == "api_error":
-        return Unavailable(text, status=status)
-    return ProtocolError(text, status=status)
-
-
-def _overflow_error(text: str, status: int | None, overflow: Overflow) -> ContextOverflow:
-    return ContextOverflow(text, status=status, requested_tokens=overflow.requested,
-                           limit_tokens=overflow.limit)
-
-
-def parse_body(body: bytes) -> Any:
-    text = body.decode("utf-8", errors="replace").strip()
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def transport_error(alias: str, exc: httpx.HTTPError, *, started: bool) -> ProviderError:
-    if isinstance(exc, httpx.TimeoutException):
-        return Unavailable(f"{alias}: timed out ({type(exc).__name__})")
-    if isinstance(exc, httpx.ConnectError):
-        return Unavailable(f"{alias}: cannot connect to {_url(exc)}: {exc}")
-    if started:
-        return Unavailable(f"{alias}: HTTP 200, then the stream ended early: {exc}", status=200)
-    return Unavailable(f"{alias}: {type(exc).__name__}: {exc}")
-
-
-def _url(exc: httpx.HTTPError) -> str:
-    try:
-        return str(exc.request.url.copy_with(query=None))
-    except RuntimeError:  # an error raised before any request was attached
-        return "the provider"
-
-
-def stream_ended_early(alias: str) -> Unavailable:
-    return Unavailable(f"{alias}: HTTP 200, then the stream ended early (no terminator)", status=200)
+async def read_capped(response: httpx.Response, limit: int = MAX_ERROR_BODY) -> bytes:
+    """At most ``limit`` bytes of a body; the rest is never read (closing drops the connection)."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        parts.append(chunk)
+        size += len(chunk)
+        if size >= limit:
+            break
+    return b"".join(parts)[:limit]
 
 
 @asynccontextmanager
 async def open_stream(client: httpx.AsyncClient, alias: str, url: str, body: Mapping[str, Any],
-                      headers: Mapping[str, str]) -> AsyncIterator[httpx.Response]:
+                      headers: Mapping[str, str], secrets: Iterable[str] = ()
+                      ) -> AsyncIterator[httpx.Response]:
     """POST ``body`` and yield the 2xx streaming response; every failure leaves as a ProviderError,
     including transport errors raised while the caller reads the body inside the ``with``."""
     started = False
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:
             if response.status_code >= 400:
-                raw = await response.aread()
-                raise classify(alias, response.status_code, parse_body(raw), response.headers)
+                raw = await read_capped(response)
+                text = raw.decode("utf-8", errors="replace")
+                log.debug("%s: HTTP %s, body: %s", alias, response.status_code, redact(text, secrets))
+                raise translate_error(alias, response.status_code, parse_body(raw), response.headers)
             started = True
             yield response
     except httpx.HTTPError as exc:
@@ -207,7 +109,16 @@ async def get_json(client: httpx.AsyncClient, method: str, url: str, *,
         return None
 
 
-DRAIN_SECONDS = 2.0
+class Decoder(Protocol):
+    def feed(self, data: bytes) -> Iterable[Any]: ...
+
+    def flush(self) -> Iterable[Any]: ...
+
+
+class StreamState(Protocol):
+    done: bool
+
+    def handle(self, event: Any) -> list[StreamEvent]: ...
 
 
 class HttpProvider:
@@ -220,6 +131,7 @@ class HttpProvider:
         self.profile = profile
         self._owns_client = client is None
         self._client = client or build_client(profile)
+        self._secrets = secrets_of(profile)
 
     def _url(self, path: str) -> str:
         return self.profile.base_url.rstrip("/") + path
@@ -229,37 +141,77 @@ class HttpProvider:
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     async def _run(self, path: str, body: Mapping[str, Any], state: StreamState,
-                   decode: Callable[[AsyncIterator[bytes]], AsyncGenerator[Any, None]]
-                   ) -> AsyncGenerator[Any, None]:
-        alias = self.profile.alias
-        async with open_stream(self._client, alias, self._url(path), body, self._headers()) as response:
-            async with aclosing(decode(response.aiter_bytes())) as events:
-                try:
-                    async for event in events:
+                   decoder: Decoder) -> AsyncGenerator[StreamEvent, None]:
+        # One loop from the socket to the caller, written out: every async generator between them
+        # would cost a hop per event on the hottest path of a reply.
+        alias, idle = self.profile.alias, self.profile.idle_timeout_seconds
+        guard = TextGuard()
+        try:
+            async with open_stream(self._client, alias, self._url(path), body, self._headers(),
+                                   self._secrets) as response:
+                chunks = _body_bytes(response)
+                last_event = time.monotonic()
+                async for chunk in chunks:
+                    seen = False
+                    for event in decoder.feed(chunk):
+                        seen = True
                         for item in state.handle(event):
-                            yield item
+                            for out in guard.events(item):
+                                yield out
                         if state.done:
                             break
-                except ValueError as exc:
-                    raise ProtocolError(f"{alias}: HTTP 200, then a part that is not JSON: {exc}") from exc
+                    if state.done:
+                        break
+                    # Checked per chunk, not per event: a keep-alive is a chunk with no event.
+                    if seen:
+                        last_event = time.monotonic()
+                    elif time.monotonic() - last_event > idle:
+                        raise idle_too_long(alias, idle)
+                else:
+                    for event in decoder.flush():
+                        for item in state.handle(event):
+                            for out in guard.events(item):
+                                yield out
+                        if state.done:
+                            break
                 if state.done:
-                    # Read the body to its end so the pooled connection is kept for the next call;
-                    # a response left half-read costs a new TCP connection every turn.
-                    with anyio.move_on_after(DRAIN_SECONDS):
-                        async for _ in events:
-                            pass
+                    await _drain(chunks)
                     return
-        raise stream_ended_early(alias)
+            raise stream_ended_early(alias)
+        except LineTooLong as exc:
+            raise self._cleaned(ProtocolError(f"{alias}: HTTP 200, then {exc}")) from exc
+        except ValueError as exc:
+            raise self._cleaned(ProtocolError(f"{alias}: HTTP 200, then a part that is not JSON: {exc}")
+                                ) from exc
+        except ProviderError as exc:
+            raise self._cleaned(exc) from exc.__cause__
+
+    def _cleaned(self, exc: ProviderError) -> ProviderError:
+        """The error as a frame may show it: short, redacted; the whole text to the DEBUG log."""
+        log.debug("%s", redact(exc.message, self._secrets))
+        exc.message = short_message(exc.message, self._secrets)
+        exc.args = (exc.message,)
+        return exc
 
     async def aclose(self) -> None:
         if self._owns_client:
             await self._client.aclose()
 
 
-class StreamState(Protocol):
-    done: bool
+def _body_bytes(response: httpx.Response) -> AsyncIterator[bytes]:
+    # Without a content-encoding the decoded body is the raw body: skip httpx's decoder and
+    # re-chunker, two generator hops per network read.
+    if response.headers.get("content-encoding", "identity") == "identity":
+        return response.aiter_raw()
+    return response.aiter_bytes()
 
-    def handle(self, event: Any) -> list[Any]: ...
+
+async def _drain(chunks: AsyncIterator[bytes]) -> None:
+    # Read the body to its end so the pooled connection is kept for the next call; a response left
+    # half-read costs a new TCP connection every turn.
+    with anyio.move_on_after(DRAIN_SECONDS):
+        async for _ in chunks:
+            pass
 
 
 def tool_arguments(alias: str, name: str, parts: list[str]) -> dict[str, Any]:

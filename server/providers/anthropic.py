@@ -32,7 +32,8 @@ from server.providers.base import (
     Usage,
     WindowInfo,
 )
-from server.providers.sse import SSEEvent, aiter_sse
+from server.providers.decoders import SSEDecoder, SSEEvent
+from server.providers.translate import translate_error
 
 API_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 1024
@@ -57,10 +58,10 @@ def _blocks(message: ChatMessage) -> list[dict[str, Any]]:
 
 def wire_messages(messages: Sequence[ChatMessage]) -> tuple[str, list[dict[str, Any]]]:
     """(system text, messages). Tool results become user messages; same-role neighbours merge."""
-    system = [m.content for m in messages if m.role == "system" and not m.is_hidden]
+    system = [m.content for m in messages if m.role == "system" and m.left_out is None]
     wire: list[dict[str, Any]] = []
     for message in messages:
-        if message.is_hidden or message.role == "system":
+        if message.left_out is not None or message.role == "system":
             continue
         role = "assistant" if message.role == "assistant" else "user"
         blocks = _blocks(message)
@@ -116,7 +117,7 @@ class _StreamState:
             raise ProtocolError(f"{self.alias}: HTTP 200, then an event that is not an object")
         kind = payload.get("type") or event.event
         if kind == "error":
-            raise _http.classify(self.alias, None, payload)
+            raise translate_error(self.alias, None, payload)
         handler = getattr(self, f"_on_{kind}", None)
         # Unknown event types are skipped: Anthropic's versioning policy adds new ones freely.
         return handler(payload) if handler is not None else []
@@ -188,7 +189,8 @@ class AnthropicProvider(_http.HttpProvider):
         return headers
 
     def stream(self, request: ProviderRequest) -> AsyncGenerator[StreamEvent, None]:
-        return self._run("/v1/messages", request_body(request), _StreamState(self.profile.alias), aiter_sse)
+        return self._run("/v1/messages", request_body(request), _StreamState(self.profile.alias),
+                         SSEDecoder(self.profile.max_line_bytes))
 
     async def context_window(self, model: str) -> WindowInfo | None:
         return None  # no metadata endpoint we rely on; windows come from the settings

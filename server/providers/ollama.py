@@ -41,8 +41,9 @@ from server.providers.base import (
     Usage,
     WindowInfo,
 )
+from server.providers.decoders import NDJSONDecoder
 from server.providers.openai import wire_tools
-from server.providers.sse import aiter_ndjson
+from server.providers.translate import translate_error
 
 ASSUMED_SERVER_NUM_CTX = 4096
 _NUM_CTX = re.compile(r"^\s*num_ctx\s+(\d+)\s*$", re.MULTILINE)
@@ -61,7 +62,7 @@ def _wire_message(message: ChatMessage) -> dict[str, Any]:
 
 
 def wire_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    return [_wire_message(message) for message in messages if not message.is_hidden]
+    return [_wire_message(message) for message in messages if message.left_out is None]
 
 
 def request_body(request: ProviderRequest, num_ctx: int) -> dict[str, Any]:
@@ -89,7 +90,7 @@ class _StreamState:
         if not isinstance(line, dict):
             raise ProtocolError(f"{self.alias}: HTTP 200, then a line that is not an object")
         if "error" in line:
-            raise _http.classify(self.alias, None, line)
+            raise translate_error(self.alias, None, line)
         message = line.get("message") or {}
         out: list[StreamEvent] = []
         if message.get("thinking"):
@@ -142,7 +143,8 @@ class OllamaProvider(_http.HttpProvider):
 
     def stream(self, request: ProviderRequest) -> AsyncGenerator[StreamEvent, None]:
         body = request_body(request, self.profile.num_ctx)
-        return self._run("/api/chat", body, _StreamState(self.profile.alias), aiter_ndjson)
+        return self._run("/api/chat", body, _StreamState(self.profile.alias),
+                         NDJSONDecoder(self.profile.max_line_bytes))
 
     async def context_window(self, model: str) -> WindowInfo | None:
         show = await _http.get_json(self._client, "POST", self._url("/api/show"),

@@ -34,7 +34,8 @@ from server.providers.base import (
     Usage,
     WindowInfo,
 )
-from server.providers.sse import SSEEvent, aiter_sse
+from server.providers.decoders import SSEDecoder, SSEEvent
+from server.providers.translate import translate_error
 
 _WINDOW_FIELDS = ("max_model_len", "context_length")
 
@@ -67,7 +68,7 @@ def wire_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     wire: list[dict[str, Any]] = []
     tool_images: list[dict[str, Any]] = []
     for message in messages:
-        if message.is_hidden:
+        if message.left_out is not None:
             continue
         if message.role != "tool" and tool_images:
             wire.append({"role": "user", "content": tool_images})
@@ -136,7 +137,7 @@ class _StreamState:
         if not isinstance(chunk, dict):
             raise ProtocolError(f"{self.alias}: HTTP 200, then a chunk that is not an object")
         if event.event == "error" or "error" in chunk:
-            raise _http.classify(self.alias, None, chunk)
+            raise translate_error(self.alias, None, chunk)
         return self._chunk(chunk)
 
     def _chunk(self, chunk: dict[str, Any]) -> list[StreamEvent]:
@@ -195,7 +196,7 @@ class OpenAIProvider(_http.HttpProvider):
 
     def stream(self, request: ProviderRequest) -> AsyncGenerator[StreamEvent, None]:
         return self._run("/chat/completions", request_body(request), _StreamState(self.profile.alias),
-                         aiter_sse)
+                         SSEDecoder(self.profile.max_line_bytes))
 
     async def context_window(self, model: str) -> WindowInfo | None:
         listing = await _http.get_json(self._client, "GET", self._url("/models"), headers=self._headers())

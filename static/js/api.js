@@ -3,6 +3,18 @@
 // page URL is taken once and removed from the address bar so it does not end up in bookmarks.
 
 const KEY = "meterchat.token";
+// What the page falls back to when the server renders no value for it (see templates/index.html).
+const DEFAULTS = { subprotocol: "meterchat.v1", max_image_bytes: 5 * 1024 * 1024 };
+
+export function pageConfig() {
+  let rendered = {};
+  try {
+    rendered = JSON.parse(document.getElementById("page-config")?.textContent || "{}") || {};
+  } catch {
+    /* a template without the blob: the defaults serve */
+  }
+  return { ...DEFAULTS, ...rendered };
+}
 
 export function takeTokenFromUrl() {
   const url = new URL(location.href);
@@ -30,12 +42,13 @@ export function socketUrl() {
 
 // The token travels as a WebSocket subprotocol, never in the URL (which server logs keep).
 export function socketProtocols() {
+  const { subprotocol } = pageConfig();
   const token = getToken();
-  if (!token) return ["meterchat.v1"];
+  if (!token) return [subprotocol];
   const bytes = new TextEncoder().encode(token);
   const base64 = btoa(String.fromCharCode(...bytes));
   const encoded = base64.replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
-  return ["meterchat.v1", `bearer.${encoded}`];
+  return [subprotocol, `bearer.${encoded}`];
 }
 
 export async function api(path, { method = "GET", body, raw = false } = {}) {

@@ -1,21 +1,27 @@
-// Entry point: wires the socket's frames to the conversation, meter, composer and sidebar.
+// Entry point: frames from the socket go into the Transcript model and the meter; the views render
+// from them; user actions come back from the views as bound handlers.
 
-import { getToken, setToken, socketUrl, takeTokenFromUrl } from "./api.js";
+import { api, getToken, pageConfig, setToken, socketUrl, takeTokenFromUrl } from "./api.js";
 import { Composer } from "./composer.js";
-import { Conversation } from "./conversation.js";
-import { uuid } from "./dom.js";
-import { renderStats } from "./markdown.js";
+import { ConversationView } from "./conversation.js";
+import { copyText, uuid } from "./dom.js";
+import { installShortcuts } from "./keys.js";
 import { Meter } from "./meter.js";
+import { Transcript } from "./model.js";
 import { Sessions } from "./sessions.js";
 import { Connection } from "./socket.js";
+import { Welcome } from "./welcome.js";
 
 const $ = (id) => document.querySelector(`[data-testid="${id}"]`);
+const config = pageConfig();
 const authRequired = document.body.dataset.authRequired === "true";
 const pathMatch = location.pathname.match(/^\/s\/([^/]+)\/?$/);
 
 takeTokenFromUrl();
 
-const conversation = new Conversation($("conversation"));
+const transcript = new Transcript();
+const view = new ConversationView($("conversation"), $("scroll-bottom"));
+const welcome = new Welcome($("welcome"), (text) => composer.render("edit", { text, turnId: null }));
 const meter = new Meter($("meter"));
 const sessions = new Sessions($("sidebar"), {
   currentId: pathMatch ? decodeURIComponent(pathMatch[1]) : null,
@@ -23,33 +29,53 @@ const sessions = new Sessions($("sidebar"), {
 });
 let lastSent = null;
 
-const composer = new Composer($("composer"), {
-  onSend: (content, images) => sendMessage(content, images),
-  onStop: () => connection.send({ type: "stop" }),
-  onSwitch: (route) => connection.send({ type: "switch_model", route }),
-});
+const composer = new Composer($("composer"), { maxImageBytes: config.max_image_bytes });
+composer.bind("send", (content, images, replaces) => sendMessage(content, images, replaces, "replaced by an edit"));
+composer.bind("stop", () => connection.send({ type: "stop" }));
+composer.bind("switch", (route) => connection.send({ type: "switch_model", route }));
+composer.bind("editLast", () => editTurn(transcript.lastUser()));
 
 const connection = new Connection({
   url: socketUrl(),
-  onFrame: (frame) => {
-    handle(frame);
-    composer.setStreaming(conversation.streaming);
-  },
-  onStatus: (status, event) => setStatus(status, event),
+  onFrame: (frame) => handle(frame),
+  onStatus: (status) => setStatus(status),
+  shouldRetry: (event, greeted) => !tokenRefused(event, greeted),
 });
 connection.sessionId = sessions.currentId;
 
-function sendMessage(content, images, retryOf = null) {
+transcript.on((change, subject, extra) => {
+  view.render(change, subject, extra);
+  if (change === "finished") announce(subject);
+  if (change === "update" && subject.state === "streaming") return; // nothing below changes per chunk
+  view.render("last", { user: transcript.lastUser(), reply: transcript.lastReply() });
+  welcome.render(transcript.items.length === 0);
+});
+
+view.bind("copy", (entry) => copyText(entry.text));
+view.bind("edit", (entry) => editTurn(entry));
+view.bind("flip", (entry, step) => transcript.flip(entry.turnId, step));
+view.bind("regenerate", (entry) => {
+  const user = transcript.userOfTurn(entry.turnId);
+  if (user && composer.connected && !transcript.streaming) sendMessage(user.text, [], entry.turnId, "replaced by a regenerated reply");
+});
+
+function editTurn(user) {
+  if (user && user.turnId && !transcript.streaming) composer.render("edit", { text: user.text, turnId: user.turnId });
+}
+
+// retryOf: the turn this message replaces (a failed turn, an edited message, a regenerated reply).
+function sendMessage(content, images, retryOf = null, why = "replaced by a retry") {
   const id = uuid();
   const frame = { type: "message", id, content };
   if (retryOf) frame.retry_of = retryOf;
   if (images.length) frame.images = images.map(({ media_type, data }) => ({ media_type, data }));
   if (!connection.send(frame)) return false;
   lastSent = { content, images };
-  if (retryOf) conversation.setAside(retryOf);
+  if (retryOf) transcript.replaceTurn(retryOf, id, why);
   // `/model` is a command the server answers with a context or error frame, not a turn.
-  if (/^\/model(\s|$)/.test(content)) conversation.addCommand(content);
-  else conversation.addPendingUser(id, content, images.map((i) => i.dataUrl));
+  if (/^\/model(\s|$)/.test(content)) transcript.addCommand(content);
+  else transcript.addPendingUser(id, content, images.map((i) => i.dataUrl));
+  syncStreaming();
   return true;
 }
 
@@ -58,37 +84,46 @@ const handlers = {
     const path = `/s/${encodeURIComponent(f.session_id)}`;
     if (location.pathname !== path) history.replaceState(null, "", path);
     sessions.setCurrent(f.session_id);
-    composer.setRoutes(f.routes, f.route);
+    composer.render("routes", { routes: f.routes, current: f.route });
+    welcome.setRoutes(f.routes || []);
+    welcome.render(transcript.items.length === 0);
     setTitle(f.title);
     sessions.refresh();
   },
-  history: (f) => conversation.renderHistory(f.messages || []),
-  accepted: (f) => conversation.accepted(f),
+  history(f) {
+    transcript.reset(f.messages || []);
+    transcript.trims = [];
+    meter.render("trims", transcript.trims);
+  },
+  accepted: (f) => transcript.accepted(f),
   context(f) {
-    meter.update(f);
-    composer.setTrimPreview(f.trim_preview);
+    meter.render("context", f);
+    composer.render("trimPreview", f.trim_preview);
     // Hints and fallbacks serve one call; only a switch or the default is the session's choice.
-    if (f.route_kind === "switch" || f.route_kind === "default") composer.showRoute(f.provider, f.model);
+    if (f.route_kind === "switch" || f.route_kind === "default") composer.render("route", f);
     if (f.reason === "switch") sessions.refresh(); // the sidebar lists each session's route
   },
-  route: (f) => conversation.route(f),
-  chunk: (f) => conversation.chunk(f),
-  thinking: (f) => conversation.thinking(f),
-  tool_call: (f) => conversation.toolCall(f),
-  tool_result: (f) => conversation.toolResult(f),
-  history_trimmed: (f) => conversation.trimmed(f),
+  route: (f) => transcript.route(f),
+  chunk: (f) => transcript.chunk(f),
+  thinking: (f) => transcript.thinking(f),
+  tool_call: (f) => transcript.toolCall(f),
+  tool_result: (f) => transcript.toolResult(f),
+  history_trimmed(f) {
+    transcript.trimmed(f);
+    meter.render("trims", transcript.trims);
+  },
   done(f) {
-    conversation.done(f);
+    transcript.done(f);
     sessions.refresh();
   },
-  aborted: (f) => conversation.aborted(f),
+  aborted: (f) => transcript.aborted(f),
   error(f) {
     // A failed turn is retried in its place (retry_of); a refused message is simply sent again.
     const again = lastSent && composer.connected;
     const retry = again ? () => sendMessage(lastSent.content, lastSent.images, f.turn_id || null) : null;
-    conversation.error(f, retry);
+    transcript.error(f, retry);
   },
-  notice: (f) => conversation.notice(f),
+  notice: (f) => transcript.notice(f),
   title(f) {
     setTitle(f.title);
     sessions.refresh();
@@ -99,6 +134,12 @@ function handle(frame) {
   const handler = handlers[frame.type];
   if (handler) handler(frame);
   else console.debug("meterchat: no handler for frame", frame.type);
+  syncStreaming();
+}
+
+function syncStreaming() {
+  composer.render("streaming", transcript.streaming);
+  view.render("streaming", transcript.streaming);
 }
 
 function setTitle(title) {
@@ -106,13 +147,17 @@ function setTitle(title) {
   document.title = title ? `${title} · meterchat` : "meterchat";
 }
 
-function setStatus(status, event) {
+function setStatus(status) {
   const badge = $("connection-status");
   badge.dataset.status = status;
-  badge.textContent = { online: "connected", connecting: "connecting…", offline: "reconnecting…" }[status];
-  composer.setConnected(status === "online");
-  // 4401/1008: the server refused the token; ask for another one instead of retrying blindly.
-  if (status === "offline" && authRequired && event && (event.code === 4401 || event.code === 1008)) askForToken();
+  badge.textContent = { online: "connected", connecting: "connecting…", offline: "reconnecting…", locked: "access token needed" }[status];
+  composer.render("connected", status === "online");
+}
+
+function announce(entry) {
+  // Polite: a screen reader finishes what it is saying, then reads the reply's opening.
+  const text = entry.text.replace(/\s+/g, " ").trim();
+  $("announcer").textContent = `Reply finished: ${text.length > 200 ? `${text.slice(0, 200)}…` : text}`;
 }
 
 function showBanner(message) {
@@ -123,8 +168,35 @@ function showBanner(message) {
   showBanner.timer = setTimeout(() => (banner.hidden = true), 6000);
 }
 
-function askForToken() {
+// ----- the access token -----
+
+// 4401 (or 1008) says the token was refused. A server that refuses the handshake before accepting
+// it closes without a code, like a server that is down: on a token page, a socket closed before its
+// `session` frame is checked against the REST API, which answers 401 for a wrong token.
+function tokenRefused(event, greeted) {
+  if (!authRequired) return false;
+  if (event.code === 4401 || event.code === 1008) {
+    tokenWrong();
+    return true;
+  }
+  if (greeted) return false;
+  api("/api/sessions").then(
+    () => connection.reconnectSoon(),
+    (error) => (error.status === 401 ? tokenWrong() : connection.reconnectSoon()),
+  );
+  return true;
+}
+
+function tokenWrong() {
+  const hadToken = Boolean(getToken());
+  setToken("");
+  askForToken(hadToken ? "That token was not accepted. Try again." : "");
+}
+
+function askForToken(message = "") {
+  setStatus("locked");
   const dialog = $("token-form");
+  $("token-error").textContent = message;
   dialog.hidden = false;
   dialog.querySelector('[data-testid="token-input"]').focus();
 }
@@ -138,6 +210,8 @@ $("token-form").addEventListener("submit", (event) => {
   sessions.refresh();
 });
 
+// ----- sidebar and keys -----
+
 $("sidebar-toggle").addEventListener("click", (event) => {
   event.stopPropagation();
   document.body.classList.toggle("sidebar-open");
@@ -146,17 +220,13 @@ $("sidebar-toggle").addEventListener("click", (event) => {
 document.querySelector("main").addEventListener("click", () => document.body.classList.remove("sidebar-open"));
 $("new-chat").addEventListener("click", () => location.assign("/"));
 
+installShortcuts({
+  newChat: () => location.assign("/"),
+  search: () => {
+    document.body.classList.add("sidebar-open");
+    sessions.focusSearch();
+  },
+});
+
 if (authRequired && !getToken()) askForToken();
 else connection.connect();
-
-// A handle for the console and for browser tests that feed frames the demo cannot produce on cue.
-window.meterchat = {
-  connection,
-  conversation,
-  meter,
-  renderStats,
-  handle(frame) {
-    handle(frame);
-    composer.setStreaming(conversation.streaming);
-  },
-};

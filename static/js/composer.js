@@ -1,21 +1,28 @@
 // The input area: text box (Enter sends, Shift+Enter breaks the line), image attachments, Send and
-// Stop, the model picker and the trim preview that warns before a send drops turns.
+// Stop, the model picker and the trim preview that warns before a send drops turns. Handlers come in
+// through bind(event, handler) (send, stop, switch, editLast); state through render(command, value).
 
 import { el, fmt } from "./dom.js";
 
-const MAX_IMAGE_BYTES = 5 * 1024 * 1024;
-
 export class Composer {
-  constructor(root, { onSend, onStop, onSwitch }) {
+  constructor(root, { maxImageBytes }) {
     this.q = (id) => root.querySelector(`[data-testid="${id}"]`);
     this.input = this.q("message-input");
     this.sendButton = this.q("send");
     this.stopButton = this.q("stop");
     this.picker = this.q("model-picker");
     this.preview = this.q("trim-preview");
+    this.note = this.q("edit-note");
+    this.maxImageBytes = maxImageBytes;
     this.attachments = [];
+    this.editing = null; // the turn a send replaces (retry_of), while the reader edits it
     this.connected = false;
     this.streaming = false;
+    this.handlers = {};
+    const onSend = (...args) => this.handlers.send?.(...args);
+    const onStop = () => this.handlers.stop?.();
+    const onSwitch = (route) => this.handlers.switch?.(route);
+    const onEditLast = () => this.handlers.editLast?.();
 
     root.querySelector("form").addEventListener("submit", (event) => {
       event.preventDefault();
@@ -28,12 +35,35 @@ export class Composer {
       } else if (event.key === "Escape" && this.streaming) {
         event.preventDefault();
         onStop();
+      } else if (event.key === "Escape" && this.editing) {
+        event.preventDefault();
+        this.cancelEdit();
+      } else if (event.key === "ArrowUp" && !this.input.value && !this.streaming && !event.shiftKey) {
+        event.preventDefault();
+        onEditLast();
       }
     });
+    this.q("edit-cancel").addEventListener("click", () => this.cancelEdit());
     this.input.addEventListener("input", () => this.autosize());
     this.stopButton.addEventListener("click", () => onStop());
     this.picker.addEventListener("change", () => onSwitch(this.picker.value));
     this.q("attach-input").addEventListener("change", (event) => this.attach(event.target));
+  }
+
+  bind(event, handler) {
+    this.handlers[event] = handler;
+  }
+
+  render(command, value) {
+    const commands = {
+      connected: () => this.setConnected(value),
+      streaming: () => this.setStreaming(value),
+      routes: () => this.setRoutes(value.routes, value.current),
+      route: () => this.showRoute(value.provider, value.model),
+      trimPreview: () => this.setTrimPreview(value),
+      edit: () => this.edit(value.text, value.turnId),
+    };
+    commands[command]();
   }
 
   submit(onSend) {
@@ -42,11 +72,36 @@ export class Composer {
     // The server runs one reply per session at a time; Stop first, then send.
     if (!this.connected || this.streaming) return;
     const images = this.attachments;
-    if (onSend(content, images) === false) return;
+    if (onSend(content, images, this.editing) === false) return;
+    this.setEditing(null);
     this.input.value = "";
     this.attachments = [];
     this.renderAttachments();
     this.autosize();
+  }
+
+  // Puts a sent message back in the box; sending it replaces that turn (retry_of).
+  edit(text, turnId) {
+    this.input.value = text;
+    this.setEditing(turnId);
+    this.autosize();
+    this.input.focus();
+    this.input.setSelectionRange(text.length, text.length);
+  }
+
+  cancelEdit() {
+    this.setEditing(null);
+    this.input.value = "";
+    this.autosize();
+  }
+
+  setEditing(turnId) {
+    this.editing = turnId || null;
+    this.note.hidden = !this.editing;
+  }
+
+  focus() {
+    this.input.focus();
   }
 
   autosize() {
@@ -103,8 +158,9 @@ export class Composer {
     input.value = "";
     for (const file of files) {
       if (!file.type.startsWith("image/")) continue;
-      if (file.size > MAX_IMAGE_BYTES) {
-        this.q("attach-error").textContent = `${file.name} is larger than 5 MB and was not attached.`;
+      if (file.size > this.maxImageBytes) {
+        const mb = (this.maxImageBytes / 1024 / 1024).toFixed(1).replace(/\.0$/, "");
+        this.q("attach-error").textContent = `${file.name} is larger than ${mb} MB and was not attached.`;
         continue;
       }
       const dataUrl = await readAsDataUrl(file);

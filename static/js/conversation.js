@@ -1,8 +1,8 @@
-// The conversation column: user messages, replies (one element per turn while it streams), tool
-// items, thinking, trim notices and inline errors. Elements carry data-* attributes that say what
-// they are (role, turn, server message id, state), which both the CSS and the browser tests read.
+// The conversation column, a view of the Transcript model. It owns the DOM and hides it behind
+// bind(event, handler) and render(change, item). Nodes carry data-* attributes written from the
+// items for the CSS and the browser tests; nothing here reads them back.
 
-import { el, fmt, routeLabel } from "./dom.js";
+import { el, fmt } from "./dom.js";
 import { flushRenders, renderNow, scheduleRender } from "./markdown.js";
 
 const TRIM_REASONS = {
@@ -11,270 +11,239 @@ const TRIM_REASONS = {
   overflow_recovery: "after the provider said the context was full",
   compaction: "by compaction",
 };
+const PIN_GAP = 240; // px from the bottom within which the reader counts as following the stream
 
-export class Conversation {
-  constructor(root) {
+export class ConversationView {
+  constructor(root, scrollButton) {
     this.root = root;
-    this.replies = new Map(); // turn_id -> {node, text, thinking} of the reply that grows next
-    this.pendingTurn = null; // the turn a coming `route` frame belongs to
-    this.pinPending = false;
+    this.scrollButton = scrollButton;
+    this.nodes = new Map(); // item key -> the node placed in the column (a row for messages)
+    this.inner = new Map(); // item key -> the message node itself
+    this.rendered = new Map(); // item key -> the text its body shows
+    this.toolSignatures = new WeakMap(); // tools box -> the calls it shows
+    this.openTools = new Set(); // ids of the tool calls the reader opened
+    this.versionShown = new Map(); // item key -> the "i/n" its version pager shows
+    this.handlers = {};
+    this.lastUserKey = null;
+    this.lastReplyKey = null;
+    this.streaming = false;
+    this.pinQueued = false;
+    root.addEventListener("scroll", () => this.updateScrollButton(), { passive: true });
+    scrollButton.addEventListener("click", () => this.scrollToBottom());
   }
 
-  clear() {
+  bind(event, handler) {
+    this.handlers[event] = handler;
+  }
+
+  render(change, subject, extra) {
+    if (change === "reset") return this.reset(subject);
+    if (change === "add") return this.insert(subject, extra);
+    if (change === "update") return this.update(subject);
+    if (change === "last") return this.markLast(subject);
+    if (change === "streaming") return this.setStreaming(subject);
+  }
+
+  reset(items) {
     this.root.replaceChildren();
-    this.replies.clear();
-    this.pendingTurn = null;
-  }
-
-  append(node) {
-    // Stay pinned to the bottom only if the reader already was; never yank them away from old text.
-    const nearBottom = this.root.scrollHeight - this.root.scrollTop - this.root.clientHeight < 80;
-    this.root.append(node);
-    if (nearBottom) this.root.scrollTop = this.root.scrollHeight;
-    return node;
-  }
-
-  keepPinned() {
-    const gap = this.root.scrollHeight - this.root.scrollTop - this.root.clientHeight;
-    if (gap < 240) this.root.scrollTop = this.root.scrollHeight;
-  }
-
-  // ----- transcript from a `history` frame -----
-
-  renderHistory(messages) {
-    this.clear();
-    for (const message of messages) this.renderStored(message);
+    this.nodes.clear();
+    this.inner.clear();
+    this.rendered.clear();
+    for (const entry of items) this.root.append(this.build(entry));
     flushRenders();
+    this.scrollToBottom();
+  }
+
+  insert(entry, before) {
+    const nearBottom = this.gap() < 80; // never yank a reader away from old text
+    const node = this.build(entry);
+    const anchor = before ? this.nodes.get(before.key) : null;
+    if (anchor) anchor.before(node);
+    else this.root.append(node);
+    if (entry.kind === "user" && entry.state === "pending") this.scrollToBottom(); // the reader just sent it
+    else if (nearBottom || (anchor && this.gap() < PIN_GAP)) this.root.scrollTop = this.root.scrollHeight;
+  }
+
+  update(entry) {
+    const node = this.inner.get(entry.key);
+    if (!node) return;
+    this.decorate(node, entry);
+    if (entry.kind === "assistant") this.fillReply(node, entry);
+    this.queuePin();
+  }
+
+  // ----- building nodes -----
+
+  build(entry) {
+    const node = BUILDERS[entry.kind](entry);
+    this.inner.set(entry.key, node);
+    this.decorate(node, entry);
+    if (entry.kind === "assistant") this.fillReply(node, entry);
+    // Actions sit beside the message, not in it: the message's text stays exactly its content.
+    const placed = entry.kind === "user" || entry.kind === "assistant" ? el("div", { class: `msg-row ${entry.kind}` }, node, this.actions(entry)) : node;
+    this.nodes.set(entry.key, placed);
+    placed.hidden = Boolean(entry.versionHidden);
+    return placed;
+  }
+
+  decorate(node, entry) {
+    const placed = this.nodes.get(entry.key);
+    if (placed) placed.hidden = Boolean(entry.versionHidden);
+    const d = node.dataset;
+    setData(d, "role", entry.role);
+    setData(d, "state", entry.state);
+    setData(d, "turnId", entry.turnId);
+    setData(d, "messageId", entry.messageId);
+    setData(d, "clientId", entry.clientId);
+    setData(d, "trimmed", entry.trimmed ? "true" : null);
+    setData(d, "excluded", entry.excluded);
+    if (entry.trimmed) node.title = "Trimmed: no longer sent to the model";
+    else if (entry.excluded) node.title = `${capital(entry.excluded)}: no longer sent to the model`;
+  }
+
+  fillReply(node, entry) {
+    const route = node.querySelector(".route");
+    route.textContent = entry.route || "";
+    if (entry.routeTitle) route.title = entry.routeTitle;
+    const thinking = node.querySelector(".thinking");
+    thinking.hidden = !entry.thinking;
+    thinking.querySelector(".thinking-text").textContent = entry.thinking || "";
+    this.fillTools(node.querySelector(".tools"), entry.tools || []);
+    this.fillVersions(node.querySelector(".versions"), entry);
+    node.querySelector(".msg-foot").textContent = entry.foot || "";
+    const body = node.querySelector(".msg-body");
+    if (this.rendered.get(entry.key) === entry.text) return;
+    this.rendered.set(entry.key, entry.text);
+    // While a reply streams, renders are batched to one per animation frame; once it ends, now.
+    if (entry.state === "streaming") scheduleRender(body, () => entry.text);
+    else if (entry.text || body.childNodes.length) renderNow(body, entry.text);
+  }
+
+  fillTools(box, tools) {
+    // Rebuilt only when a call starts or ends, so a tool the reader opened stays open as text streams.
+    const signature = tools.map((t) => `${t.id}:${t.state}`).join(",");
+    if (this.toolSignatures.get(box) === signature) return;
+    this.toolSignatures.set(box, signature);
+    box.replaceChildren(...tools.map((call) => toolCallNode(call, this.openTools)));
+  }
+
+  fillVersions(box, entry) {
+    const v = entry.version;
+    const label = v && v.count > 1 ? `${v.index} / ${v.count}` : "";
+    if (this.versionShown.get(entry.key) === label) return;
+    this.versionShown.set(entry.key, label);
+    box.replaceChildren();
+    if (!label) return;
+    const flip = (step, text, name, disabled) =>
+      el("button", { type: "button", class: "act", "aria-label": name, disabled, text, onclick: () => this.handlers.flip?.(entry, step) });
+    box.append(
+      flip(-1, "‹", "Previous version", v.index === 1),
+      el("span", { "data-testid": "version-label", text: label }),
+      flip(1, "›", "Next version", v.index === v.count),
+    );
+  }
+
+  actions(entry) {
+    const bar = el("div", { class: "msg-actions", role: "group", "aria-label": "Message actions" });
+    const copy = el("button", { type: "button", class: "act", "data-testid": "copy-message", text: "Copy" });
+    copy.addEventListener("click", async () => {
+      const ok = await this.handlers.copy?.(entry);
+      copy.textContent = ok ? "Copied" : "Copy failed";
+      setTimeout(() => (copy.textContent = "Copy"), 1500);
+    });
+    bar.append(copy);
+    const act = (testid, text, handler) =>
+      el("button", { type: "button", class: "act only-last", "data-testid": testid, text, onclick: () => this.handlers[handler]?.(entry) });
+    if (entry.kind === "user") bar.append(act("edit-message", "Edit", "edit"));
+    if (entry.kind === "assistant") bar.append(act("regenerate", "Regenerate", "regenerate"));
+    if (entry.time) {
+      const when = new Date(entry.time);
+      bar.append(el("time", { class: "msg-time", "data-testid": "message-time", datetime: when.toISOString(), title: when.toLocaleString(), text: clock(when) }));
+    }
+    return bar;
+  }
+
+  // Edit and Regenerate are offered on the last user message and the last reply only: the
+  // protocol's `retry_of` replaces one turn, the last.
+  markLast({ user, reply }) {
+    this.swapLast("lastUserKey", user);
+    this.swapLast("lastReplyKey", reply);
+  }
+
+  swapLast(field, entry) {
+    const old = this.nodes.get(this[field]);
+    if (old) old.classList.remove("is-last");
+    this[field] = entry ? entry.key : null;
+    const node = entry ? this.nodes.get(entry.key) : null;
+    if (node) node.classList.add("is-last");
+  }
+
+  // ----- scrolling -----
+
+  gap() {
+    return this.root.scrollHeight - this.root.scrollTop - this.root.clientHeight;
+  }
+
+  queuePin() {
+    if (this.pinQueued) return;
+    this.pinQueued = true;
+    requestAnimationFrame(() => {
+      this.pinQueued = false;
+      if (this.gap() < PIN_GAP) this.root.scrollTop = this.root.scrollHeight;
+      this.updateScrollButton();
+    });
+  }
+
+  scrollToBottom() {
     this.root.scrollTop = this.root.scrollHeight;
+    this.updateScrollButton();
   }
 
-  renderStored(m) {
-    const data = { role: m.role, messageId: m.id, turnId: m.turn_id };
-    if (m.trimmed) data.trimmed = "true";
-    if (m.excluded) data.excluded = m.excluded;
-    if (m.breadcrumb || m.summary) {
-      const kind = m.breadcrumb ? "breadcrumb" : "summary";
-      const node = el("div", { class: `msg ${kind}`, dataset: { ...data, kind } });
-      if (m.summary) node.append(el("div", { class: "msg-meta", text: "Summary of earlier turns" }));
-      node.append(el("div", { class: "msg-body", text: m.content }));
-      return this.append(node);
-    }
-    if (m.role === "system") {
-      const details = el("details", { class: "msg system", dataset: data }, el("summary", { text: "System prompt" }));
-      details.append(el("div", { class: "msg-body", text: m.content }));
-      return this.append(details);
-    }
-    if (m.role === "user") return this.append(userNode(m.content, [], m.images, { ...data, state: "sent" }));
-    if (m.role === "tool") {
-      this.replies.delete(m.turn_id); // a reply after a tool result is a new element
-      return this.append(toolResultNode(m.name, m.content, data));
-    }
-    const reply = replyNode({ ...data, state: m.interrupted ? "stopped" : "done" });
-    for (const call of m.tool_calls || []) reply.querySelector(".tools").append(toolCallNode(call));
-    const body = reply.querySelector(".msg-body");
-    if (m.content) renderNow(body, m.content);
-    if (m.interrupted) setStatus(reply, "stopped");
-    this.append(reply);
-    if (m.turn_id) this.replies.set(m.turn_id, { node: reply, text: m.content || "", thinking: "" });
+  setStreaming(streaming) {
+    this.streaming = streaming;
+    this.updateScrollButton();
   }
 
-  // ----- live frames -----
+  updateScrollButton() {
+    // Only while a reply streams below the reader: then new text is arriving out of sight.
+    this.scrollButton.hidden = !(this.streaming && this.gap() >= PIN_GAP);
+  }
+}
 
-  addPendingUser(id, content, images) {
-    const dataset = { role: "user", clientId: id, messageId: id, state: "pending" };
-    const node = this.append(userNode(content, images, 0, dataset));
-    this.root.scrollTop = this.root.scrollHeight; // the reader just sent it: follow the new turn
+const BUILDERS = {
+  user: (e) => {
+    const node = el("article", { class: "msg user" }, el("div", { class: "msg-body plain", text: e.text }));
+    if (e.dataUrls && e.dataUrls.length) {
+      node.append(el("div", { class: "thumbs" }, ...e.dataUrls.map((src) => el("img", { src, alt: "attached image" }))));
+    } else if (e.imageCount) node.append(el("div", { class: "msg-meta", text: `${e.imageCount} image${e.imageCount === 1 ? "" : "s"} attached` }));
     return node;
-  }
-
-  addCommand(content) {
-    return this.append(el("div", { class: "msg command", dataset: { role: "command" }, text: content }));
-  }
-
-  accepted(frame) {
-    let node = this.root.querySelector(`[data-client-id="${CSS.escape(frame.id)}"]`);
-    if (!node) {
-      const dataset = { role: "user", clientId: frame.id, messageId: frame.id };
-      node = this.append(userNode(frame.content, [], frame.images, dataset));
-    }
-    node.dataset.state = "sent";
-    node.dataset.turnId = frame.turn_id;
-    this.pendingTurn = frame.turn_id;
-  }
-
-  reply(turnId) {
-    let entry = this.replies.get(turnId);
-    if (!entry) {
-      const node = this.append(replyNode({ role: "assistant", turnId, state: "streaming" }));
-      entry = { node, text: "", thinking: "" };
-      this.replies.set(turnId, entry);
-    }
-    return entry;
-  }
-
-  route(frame) {
-    const turnId = frame.turn_id || this.pendingTurn;
-    if (!turnId) return;
-    const { node } = this.reply(turnId);
-    const label = node.querySelector(".route");
-    label.textContent = routeLabel(frame.provider, frame.model);
-    label.title = `Served by ${routeLabel(frame.provider, frame.model)} (${frame.route_kind}${frame.hint ? `, hint "${frame.hint}"` : ""})`;
-  }
-
-  chunk(frame) {
-    const entry = this.reply(frame.turn_id);
-    entry.node.dataset.state = "streaming";
-    entry.text += frame.content;
-    const body = entry.node.querySelector(".msg-body");
-    scheduleRender(body, () => entry.text);
-    if (!this.pinPending) {
-      this.pinPending = true;
-      requestAnimationFrame(() => {
-        this.pinPending = false;
-        this.keepPinned();
-      });
-    }
-  }
-
-  thinking(frame) {
-    const entry = this.reply(frame.turn_id);
-    entry.thinking += frame.content;
-    const details = entry.node.querySelector(".thinking");
-    details.hidden = false;
-    details.querySelector(".thinking-text").textContent = entry.thinking;
-  }
-
-  toolCall(frame) {
-    const { node } = this.reply(frame.turn_id);
-    node.querySelector(".tools").append(toolCallNode(frame));
-  }
-
-  toolResult(frame) {
-    const { node } = this.reply(frame.turn_id);
-    const item = node.querySelector(`[data-tool-call-id="${CSS.escape(frame.id)}"]`);
-    const output = toolOutput(frame.output);
-    if (item) {
-      item.append(output);
-      item.dataset.state = "done";
-    } else node.querySelector(".tools").append(toolResultNode(frame.name, frame.output, { role: "tool" }));
-  }
-
-  done(frame) {
-    const entry = this.reply(frame.turn_id);
-    entry.text = frame.full_response ?? entry.text;
-    renderNow(entry.node.querySelector(".msg-body"), entry.text);
-    entry.node.dataset.state = "done";
-    const route = routeLabel(frame.provider, frame.model);
-    entry.node.querySelector(".route").textContent = route;
-    const parts = [`${fmt(frame.input_tokens)} in`, `${fmt(frame.output_tokens)} out`];
-    if (typeof frame.cost_usd === "number" && frame.cost_usd > 0) parts.push(`$${frame.cost_usd.toFixed(4)}`);
-    setStatus(entry.node, parts.join(" · "));
-    this.finishTurn(frame.turn_id);
-    this.keepPinned();
-  }
-
-  aborted(frame) {
-    const entry = this.replies.get(frame.turn_id);
-    if (entry) {
-      flushRenders();
-      entry.node.dataset.state = "stopped";
-      setStatus(entry.node, "stopped");
-    } else this.append(notice("info", "Stopped before the reply began."));
-    this.finishTurn(frame.turn_id);
-  }
-
-  error(frame, onRetry) {
-    const entry = frame.turn_id ? this.replies.get(frame.turn_id) : null;
-    if (entry) {
-      flushRenders();
-      entry.node.dataset.state = "error";
-    }
-    // A message the server refused stays shown, marked; the rest of the page carries on.
-    const refused = frame.message_id
-      ? this.root.querySelectorAll(`[data-client-id="${CSS.escape(frame.message_id)}"]`)
-      : this.root.querySelectorAll('[data-role="user"][data-state="pending"]');
-    for (const node of refused) node.dataset.state = "failed";
-    const box = notice("error", frame.message || "Something went wrong.");
-    box.dataset.testid = "error";
-    box.dataset.code = frame.code || "";
-    box.setAttribute("role", "alert");
-    if (frame.code) box.prepend(el("span", { class: "code", text: frame.code }), " ");
-    if (frame.retryable && onRetry) {
-      box.append(" ", el("button", { type: "button", class: "link", text: "Try again", onclick: onRetry }));
-    }
-    this.append(box);
-    if (frame.turn_id) this.finishTurn(frame.turn_id);
-  }
-
-  notice(frame) {
-    // Not an error: the turn goes on; the reader should know what the provider did.
-    const box = notice("trim", frame.message);
-    box.dataset.testid = "notice";
-    box.dataset.code = frame.code;
-    this.append(box);
-  }
-
-  finishTurn(turnId) {
-    if (this.pendingTurn === turnId) this.pendingTurn = null;
-    // The next provider call of a later turn starts a fresh element.
-    this.replies.delete(turnId);
-  }
-
-  get streaming() {
-    return this.pendingTurn !== null || this.root.querySelector('[data-state="streaming"]') !== null;
-  }
-
-  // ----- trims -----
-
-  trimmed(frame) {
-    const turns = new Set(frame.turn_ids || []);
-    for (const id of frame.message_ids || []) {
-      const node = this.root.querySelector(`[data-message-id="${CSS.escape(id)}"]`);
-      if (!node) continue;
-      greyOut(node);
-      if (node.dataset.turnId) turns.add(node.dataset.turnId);
-    }
-    // Replies drawn live carry no server id, but trims drop whole turns: grey the rest of each turn
-    // found, and if ids found fewer turns than were dropped, the oldest turns still sent.
-    const missing = (frame.dropped_turns || 0) - turns.size;
-    if (missing > 0) for (const turn of this.oldestSentTurns(missing, turns)) turns.add(turn);
-    turns.delete(this.pendingTurn);
-    for (const node of this.root.querySelectorAll("[data-turn-id]")) {
-      if (turns.has(node.dataset.turnId)) greyOut(node);
-    }
-    // Mid-turn trims (after a tool result) sit above the turn they happened in, not below its reply.
-    const notice = trimNotice(frame);
-    const turnStart = frame.turn_id && this.root.querySelector(`[data-turn-id="${CSS.escape(frame.turn_id)}"]`);
-    if (turnStart) {
-      // Inserted above the turn being written: a reader following the stream stays with it.
-      const gap = this.root.scrollHeight - this.root.scrollTop - this.root.clientHeight;
-      turnStart.before(notice);
-      if (gap < 240) this.root.scrollTop = this.root.scrollHeight;
-    } else this.append(notice);
-  }
-
-  setAside(turnId) {
-    // A retried turn stays on the page, greyed: the server no longer sends it to the model.
-    for (const node of this.root.querySelectorAll(`[data-turn-id="${CSS.escape(turnId)}"]`)) {
-      node.dataset.excluded = "replaced by a retry";
-      node.title = "Replaced by a retry: no longer sent to the model";
-    }
-  }
-
-  oldestSentTurns(count, skip) {
-    const order = [];
-    for (const node of this.root.querySelectorAll("[data-turn-id]")) {
-      const turn = node.dataset.turnId;
-      if (node.dataset.trimmed !== "true" && !skip.has(turn) && !order.includes(turn)) order.push(turn);
-    }
-    return order.slice(0, count);
-  }
-}
-
-function greyOut(node) {
-  node.dataset.trimmed = "true";
-  node.title = "Trimmed: no longer sent to the model";
-}
+  },
+  assistant: () =>
+    el(
+      "article",
+      { class: "msg assistant" },
+      el("div", { class: "msg-meta" }, el("span", { class: "route", "data-testid": "reply-route" }), el("span", { class: "versions", "data-testid": "versions" })),
+      el("details", { class: "thinking", hidden: true }, el("summary", { text: "Thinking" }), el("div", { class: "thinking-text" })),
+      el("div", { class: "tools" }),
+      el("div", { class: "msg-body markdown" }),
+      el("div", { class: "msg-foot" }),
+    ),
+  tool: (e) => el("details", { class: "msg tool" }, el("summary", {}, "Tool result ", el("code", { text: e.name || "" })), toolOutput(e.output)),
+  system: (e) => el("details", { class: "msg system" }, el("summary", { text: "System prompt" }), el("div", { class: "msg-body", text: e.text })),
+  breadcrumb: (e) => el("div", { class: "msg breadcrumb", dataset: { kind: "breadcrumb" } }, el("div", { class: "msg-body", text: e.text })),
+  summary: (e) =>
+    el("div", { class: "msg summary", dataset: { kind: "summary" } }, el("div", { class: "msg-meta", text: "Summary of earlier turns" }), el("div", { class: "msg-body", text: e.text })),
+  command: (e) => el("div", { class: "msg command", text: e.text }),
+  notice: (e) => el("div", { class: `notice ${e.level}`, "data-testid": "notice", dataset: { code: e.code } }, e.text),
+  trim: (e) => trimNotice(e.frame),
+  error: (e) => {
+    const box = el("div", { class: "notice error", "data-testid": "error", role: "alert", dataset: { code: e.code } });
+    if (e.code) box.append(el("span", { class: "code", text: e.code }), " ");
+    box.append(e.text);
+    if (e.retry) box.append(" ", el("button", { type: "button", class: "link", "data-testid": "try-again", text: "Try again", onclick: e.retry }));
+    return box;
+  },
+};
 
 function trimNotice(f) {
   const turns = `${fmt(f.dropped_turns)} turn${f.dropped_turns === 1 ? "" : "s"}`;
@@ -285,53 +254,20 @@ function trimNotice(f) {
     text += `; ${fmt(f.tokens_before)} → ${fmt(f.tokens_after)} tokens`;
     if (typeof f.token_budget === "number" && f.token_budget > 0) text += ` of a ${fmt(f.token_budget)} budget`;
   }
-  const node = notice("trim", `${text}.`);
-  node.dataset.testid = "trim-notice";
-  node.dataset.reason = f.reason;
-  return node;
+  return el("div", { class: "notice trim", "data-testid": "trim-notice", dataset: { reason: f.reason } }, `${text}.`);
 }
 
-function notice(kind, text) {
-  return el("div", { class: `notice ${kind}` }, text);
-}
-
-function userNode(content, dataUrls, imageCount, dataset) {
-  const node = el("article", { class: "msg user", dataset });
-  node.append(el("div", { class: "msg-body plain", text: content }));
-  if (dataUrls && dataUrls.length) {
-    const strip = el("div", { class: "thumbs" });
-    for (const url of dataUrls) strip.append(el("img", { src: url, alt: "attached image" }));
-    node.append(strip);
-  } else if (imageCount) {
-    node.append(el("div", { class: "msg-meta", text: `${imageCount} image${imageCount === 1 ? "" : "s"} attached` }));
-  }
-  return node;
-}
-
-function replyNode(dataset) {
-  return el(
-    "article",
-    { class: "msg assistant", dataset },
-    el("div", { class: "msg-meta" }, el("span", { class: "route", "data-testid": "reply-route" })),
-    el("details", { class: "thinking", hidden: true }, el("summary", { text: "Thinking" }), el("div", { class: "thinking-text" })),
-    el("div", { class: "tools" }),
-    el("div", { class: "msg-body markdown" }),
-    el("div", { class: "msg-foot" }),
-  );
-}
-
-function setStatus(node, text) {
-  node.querySelector(".msg-foot").textContent = text;
-}
-
-function toolCallNode(call) {
+function toolCallNode(call, openTools) {
   const args = typeof call.args === "string" ? call.args : JSON.stringify(call.args ?? {}, null, 2);
-  return el(
+  const node = el(
     "details",
-    { class: "tool", dataset: { toolCallId: call.id, state: "running" } },
+    { class: "tool", open: openTools.has(call.id), dataset: { toolCallId: call.id, state: call.state } },
     el("summary", {}, "Tool ", el("code", { text: call.name })),
     el("pre", { class: "tool-args", text: args }),
   );
+  if (call.output !== undefined) node.append(toolOutput(call.output));
+  node.addEventListener("toggle", () => (node.open ? openTools.add(call.id) : openTools.delete(call.id)));
+  return node;
 }
 
 function toolOutput(output) {
@@ -339,11 +275,15 @@ function toolOutput(output) {
   return el("pre", { class: "tool-output", text });
 }
 
-function toolResultNode(name, output, dataset) {
-  return el(
-    "details",
-    { class: "msg tool", dataset },
-    el("summary", {}, "Tool result ", el("code", { text: name || "" })),
-    toolOutput(output),
-  );
+function setData(dataset, name, value) {
+  if (value === undefined || value === null || value === "") delete dataset[name];
+  else dataset[name] = value;
+}
+
+function capital(text) {
+  return text.charAt(0).toUpperCase() + text.slice(1);
+}
+
+function clock(date) {
+  return date.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
 }

@@ -49,3 +49,19 @@ export function relativeTime(value) {
   if (seconds < 86400) return `${Math.floor(seconds / 3600)} h ago`;
   return new Date(then).toLocaleDateString();
 }
+
+export async function copyText(text) {
+  try {
+    await navigator.clipboard.writeText(text);
+    return true;
+  } catch {
+    // Clipboard API is missing on plain-http origins; fall back to a hidden textarea.
+    const area = el("textarea", { class: "offscreen", "aria-hidden": "true" });
+    area.value = text;
+    document.body.append(area);
+    area.select();
+    const ok = document.execCommand("copy");
+    area.remove();
+    return ok;
+  }
+}

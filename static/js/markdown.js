@@ -5,7 +5,8 @@
 
 import { marked } from "../vendor/marked.esm.js";
 import DOMPurify from "../vendor/purify.es.mjs";
-import { el } from "./dom.js";
+import { copyText, el } from "./dom.js";
+import { highlight, languageOf } from "./highlight.js";
 
 marked.setOptions({ gfm: true, breaks: false, async: false });
 
@@ -19,13 +20,13 @@ DOMPurify.addHook("afterSanitizeAttributes", (node) => {
 
 const PURIFY_CONFIG = { FORBID_TAGS: ["style", "form", "input", "button", "textarea", "select"] };
 
-export const renderStats = { renders: 0 };
-
 export function renderMarkdown(target, text) {
-  renderStats.renders += 1;
-  const html = DOMPurify.sanitize(marked.parse(text ?? ""), PURIFY_CONFIG);
-  target.innerHTML = html;
-  for (const pre of target.querySelectorAll("pre")) addCopyButton(pre);
+  // Built off-page and swapped in whole: one change to the live DOM per render.
+  const scratch = document.createElement("template");
+  scratch.innerHTML = DOMPurify.sanitize(marked.parse(text ?? ""), PURIFY_CONFIG);
+  for (const pre of scratch.content.querySelectorAll("pre")) addCopyButton(pre);
+  target.replaceChildren(scratch.content);
+  for (const code of target.querySelectorAll(".code-block code")) highlight(code);
 }
 
 function addCopyButton(pre) {
@@ -37,32 +38,17 @@ function addCopyButton(pre) {
     text: "Copy",
   });
   button.addEventListener("click", async () => {
-    const code = pre.querySelector("code")?.textContent ?? pre.textContent;
-    const ok = await copyText(code.replace(/\n$/, ""));
+    const source = pre.querySelector("code")?.textContent ?? pre.textContent;
+    const ok = await copyText(source.replace(/\n$/, ""));
     button.textContent = ok ? "Copied" : "Copy failed";
     setTimeout(() => (button.textContent = "Copy"), 1500);
   });
   // marked writes the fence's language as class "language-x"; show it beside the button.
-  const lang = (pre.querySelector("code")?.className.match(/language-([\w+#.-]+)/) || [])[1] || "";
+  const code = pre.querySelector("code");
+  const lang = code ? languageOf(code) : "";
   const wrapper = el("div", { class: "code-block" });
   pre.replaceWith(wrapper);
   wrapper.append(el("div", { class: "code-head" }, el("span", { class: "code-lang", text: lang }), button), pre);
-}
-
-async function copyText(text) {
-  try {
-    await navigator.clipboard.writeText(text);
-    return true;
-  } catch {
-    // Clipboard API is missing on plain-http origins; fall back to a hidden textarea.
-    const area = el("textarea", { class: "offscreen" });
-    area.value = text;
-    document.body.append(area);
-    area.select();
-    const ok = document.execCommand("copy");
-    area.remove();
-    return ok;
-  }
 }
 
 // One pending frame renders every element that changed since the last one.

@@ -4,7 +4,7 @@
 // `model_context_window` when known; otherwise the trimming budget, and the meter says the window is
 // unknown rather than inventing one. A budget below a known window is drawn as a marker on the bar.
 
-import { fmt, routeLabel } from "./dom.js";
+import { el, fmt, routeLabel } from "./dom.js";
 
 const WARN_AT = 0.6;
 const DANGER_AT = 0.85;
@@ -20,11 +20,52 @@ const REASONS = {
   restore: "session restored",
 };
 
+const TRIM_REASONS = {
+  token_budget: "token budget",
+  turn_limit: "turn limit",
+  overflow_recovery: "provider said the context was full",
+  compaction: "compaction",
+};
+
 export class Meter {
   constructor(root) {
     this.root = root;
     this.q = (id) => root.querySelector(`[data-testid="${id}"]`);
+    this.toggle = this.q("meter-toggle");
+    this.panel = this.q("meter-breakdown");
     this.last = null;
+    this.trims = [];
+    this.toggle.addEventListener("click", () => this.setOpen(this.panel.hidden));
+    root.addEventListener("keydown", (event) => {
+      if (event.key === "Escape" && !this.panel.hidden) {
+        this.setOpen(false);
+        this.toggle.focus();
+      }
+    });
+  }
+
+  render(command, value) {
+    if (command === "context") this.update(value);
+    else if (command === "trims") this.trims = value;
+    if (!this.panel.hidden) this.fillBreakdown();
+  }
+
+  setOpen(open) {
+    this.panel.hidden = !open;
+    this.toggle.setAttribute("aria-expanded", String(open));
+    if (open) this.fillBreakdown();
+  }
+
+  fillBreakdown() {
+    if (!this.last) return;
+    const list = el("dl", { class: "breakdown-list" });
+    for (const [key, label, value] of breakdownRows(this.last)) {
+      list.append(el("dt", { text: label }), el("dd", { "data-testid": `breakdown-${key}`, text: value }));
+    }
+    const trims = el("div", { class: "breakdown-trims", "data-testid": "breakdown-trims" });
+    trims.append(el("h3", { text: this.trims.length ? `Trims this session (${this.trims.length})` : "No trims this session" }));
+    if (this.trims.length) trims.append(el("ol", {}, ...this.trims.map((t) => el("li", { "data-testid": "breakdown-trim", text: trimLine(t) }))));
+    this.panel.replaceChildren(list, trims);
   }
 
   update(f) {
@@ -53,8 +94,6 @@ export class Meter {
     const showMarker = windowKnown && budget > 0 && budget < f.model_context_window;
     marker.hidden = !showMarker;
     if (showMarker) marker.style.left = `${(budget / f.model_context_window) * 100}%`;
-    const bar = this.q("meter-bar");
-    bar.setAttribute("aria-valuenow", String(Math.round((ratio ?? 0) * 100)));
 
     this.root.title = tooltip(f, windowKnown, budget, ratio);
   }
@@ -84,5 +123,44 @@ function tooltip(f, windowKnown, budget, ratio) {
 function windowSource(source) {
   if (source === "config") return "configuration";
   if (source === "provider") return "provider metadata";
+  if (source === "provider_error") return "a provider error";
+  if (source === "fallback") return "a fallback";
   return source || "unknown source";
+}
+
+// [key, label, text] for each field the frame has; an absent field gets no row.
+function breakdownRows(f) {
+  const rows = [["route", "Route", `${routeLabel(f.provider, f.model)} (${f.route_kind})`]];
+  if (typeof f.estimated_tokens === "number") {
+    const source = f.tokens_source === "provider" ? "counted by the provider" : "local estimate";
+    rows.push(["tokens", "Context now", `${fmt(f.estimated_tokens)} tokens (${source})`]);
+  }
+  if (typeof f.context_token_budget === "number") {
+    rows.push(["budget", "Trimming budget", f.context_token_budget > 0 ? `${fmt(f.context_token_budget)} tokens` : "none (trimming off)"]);
+  }
+  if (typeof f.model_context_window === "number") rows.push(["window", "Context window", `${fmt(f.model_context_window)} tokens`]);
+  else rows.push(["window", "Context window", "unknown for this route"]);
+  if (f.window_source) rows.push(["window-source", "Window from", windowSource(f.window_source)]);
+  // Fields a later server may send: shown when present, never guessed.
+  for (const [key, label] of OPTIONAL_PARTS) if (typeof f[key] === "number") rows.push([key.replace(/_/g, "-"), label, `${fmt(f[key])} tokens`]);
+  if (typeof f.calibration_ratio === "number") rows.push(["calibration", "Calibration", `× ${f.calibration_ratio.toFixed(2)} of the estimate`]);
+  if (f.trim_preview) rows.push(["trim-preview", "Next send trims", `${fmt(f.trim_preview.turns)} turns, ~${fmt(f.trim_preview.tokens)} tokens`]);
+  rows.push(["reason", "Updated", REASONS[f.reason] || f.reason]);
+  return rows;
+}
+
+const OPTIONAL_PARTS = [
+  ["system_tokens", "System prompt"],
+  ["tool_schema_tokens", "Tool schemas"],
+  ["history_tokens", "History sent"],
+  ["trimmed_tokens", "History trimmed"],
+  ["image_tokens", "Images"],
+  ["reply_reserve", "Reply reserve"],
+];
+
+function trimLine(t) {
+  const turns = `${fmt(t.dropped_turns)} turn${t.dropped_turns === 1 ? "" : "s"}`;
+  let text = `${turns} dropped (${TRIM_REASONS[t.reason] || t.reason})`;
+  if (typeof t.tokens_before === "number" && typeof t.tokens_after === "number") text += `: ${fmt(t.tokens_before)} → ${fmt(t.tokens_after)} tokens`;
+  return text;
 }

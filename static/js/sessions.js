@@ -1,24 +1,41 @@
-// The sidebar: sessions from GET /api/sessions, with rename, delete, export and import.
+// The sidebar: sessions from GET /api/sessions, grouped by day, filtered by the search box, each
+// with a small menu (rename, export, delete); and import.
 // Opening a session is a plain navigation to /s/<id>: the page then restores it over the socket,
 // the same path a reload takes, so there is one way in and it is always exercised.
 
 import { api, getToken } from "./api.js";
 import { el, relativeTime } from "./dom.js";
 
+const DAY_MS = 86_400_000;
+
 export class Sessions {
   constructor(root, { currentId, onError }) {
     this.root = root;
     this.list = root.querySelector('[data-testid="session-list"]');
+    this.search = root.querySelector('[data-testid="session-search"]');
     this.currentId = currentId;
     this.onError = onError;
+    this.sessions = []; // the last list the server sent; the one state the sidebar renders from
+    this.renaming = null; // id of the session whose title is being typed
+    this.stale = false; // a list arrived while a menu or a rename was open
+    this.openMenu = null; // {button, menu} of the open row menu
     this.refreshing = null;
     this.again = false;
     root.querySelector('[data-testid="import-file"]').addEventListener("change", (e) => this.importFile(e.target));
+    this.search.addEventListener("input", () => this.render());
+    document.addEventListener("click", (event) => {
+      if (this.openMenu && !this.openMenu.menu.parentElement.contains(event.target)) this.closeMenu();
+    });
+  }
+
+  focusSearch() {
+    this.search.focus();
+    this.search.select();
   }
 
   setCurrent(id) {
     this.currentId = id;
-    for (const item of this.list.children) item.toggleAttribute("aria-current", item.dataset.sessionId === id);
+    this.render();
   }
 
   // Coalesce bursts (session, title, done arriving together) into at most one request in flight.
@@ -39,42 +56,105 @@ export class Sessions {
 
   async load() {
     try {
-      const sessions = await api("/api/sessions");
-      this.render(sessions);
+      this.sessions = await api("/api/sessions");
+      this.render();
     } catch (error) {
       this.onError(`Could not load sessions: ${error.message}`);
     }
   }
 
-  render(sessions) {
-    if (this.list.querySelector(".renaming")) return; // never clobber a title being typed
-    this.list.replaceChildren(...sessions.map((s) => this.item(s)));
-    if (!sessions.length) this.list.append(el("li", { class: "empty", text: "No saved sessions yet." }));
+  render() {
+    // Never clobber a title being typed or a menu in use; the list catches up when they close.
+    this.stale = Boolean(this.renaming || this.openMenu);
+    if (this.stale) return;
+    const query = this.search.value.trim().toLowerCase();
+    const shown = this.sessions.filter((s) => !query || (s.title || "Untitled").toLowerCase().includes(query));
+    const groups = groupByDay(shown);
+    this.list.replaceChildren(
+      ...groups.map(([label, items]) =>
+        el(
+          "section",
+          { class: "session-group", "data-testid": "session-group", "aria-label": label },
+          el("h2", { class: "session-day", text: label }),
+          el("ul", {}, ...items.map((s) => this.item(s))),
+        ),
+      ),
+    );
+    if (!this.sessions.length) this.list.append(el("p", { class: "empty", text: "No saved sessions yet." }));
+    else if (!shown.length) this.list.append(el("p", { class: "empty", text: "No chat matches." }));
   }
 
   item(s) {
+    const count = `${s.message_count} message${s.message_count === 1 ? "" : "s"}`;
     const link = el(
       "a",
       { href: `/s/${encodeURIComponent(s.id)}`, class: "session-link" },
       el("span", { class: "session-title", "data-testid": "session-title", text: s.title || "Untitled" }),
-      el("span", { class: "session-meta", text: [relativeTime(s.updated_at), `${s.message_count} msgs`, s.route].filter(Boolean).join(" · ") }),
+      el("span", { class: "session-meta", "data-testid": "session-meta", text: [relativeTime(s.updated_at), count, s.route].filter(Boolean).join(" · ") }),
     );
+    if (s.id === this.currentId) link.setAttribute("aria-current", "page");
     const li = el("li", { class: "session-item", "data-testid": "session-item", dataset: { sessionId: s.id } }, link);
+    li.append(this.menu(s, li));
     li.toggleAttribute("aria-current", s.id === this.currentId);
-    const actions = el("div", { class: "session-actions" });
-    actions.append(
-      el("button", { type: "button", class: "link", "data-testid": "session-rename", text: "Rename", onclick: () => this.startRename(li, s) }),
-      this.exportLink(s.id, "md"),
-      this.exportLink(s.id, "json"),
-      el("button", { type: "button", class: "link danger", "data-testid": "session-delete", text: "Delete", onclick: (e) => this.remove(e.target, s) }),
-    );
-    li.append(actions);
     return li;
   }
 
-  exportLink(id, format) {
+  menu(s, li) {
+    const wrap = el("div", { class: "session-menu-wrap" });
+    const menu = el("div", { class: "session-menu", role: "menu", "data-testid": "session-menu", hidden: true });
+    const button = el("button", {
+      type: "button", class: "icon session-menu-button", "data-testid": "session-menu-button",
+      "aria-haspopup": "menu", "aria-expanded": "false", "aria-label": `Actions for ${s.title || "Untitled"}`, text: "⋯",
+    });
+    button.addEventListener("click", (event) => {
+      event.stopPropagation();
+      if (this.openMenu?.menu === menu) this.closeMenu();
+      else this.showMenu(button, menu);
+    });
+    menu.addEventListener("keydown", (event) => this.menuKey(event, menu, button));
+    const item = (attrs) => el("button", { type: "button", role: "menuitem", class: "menu-item", ...attrs });
+    menu.append(
+      item({ "data-testid": "session-rename", text: "Rename", onclick: () => this.startRename(li, s) }),
+      this.exportLink(s.id, "md", "Export Markdown"),
+      this.exportLink(s.id, "json", "Export JSON"),
+      item({ class: "menu-item danger", "data-testid": "session-delete", text: "Delete", onclick: (e) => this.remove(e.currentTarget, s) }),
+    );
+    wrap.append(button, menu);
+    return wrap;
+  }
+
+  showMenu(button, menu) {
+    this.closeMenu();
+    menu.hidden = false;
+    button.setAttribute("aria-expanded", "true");
+    this.openMenu = { button, menu };
+    menu.querySelector('[role="menuitem"]').focus();
+  }
+
+  closeMenu() {
+    if (!this.openMenu) return;
+    this.openMenu.menu.hidden = true;
+    this.openMenu.button.setAttribute("aria-expanded", "false");
+    this.openMenu = null;
+    if (this.stale) this.render();
+  }
+
+  menuKey(event, menu, button) {
+    const items = [...menu.querySelectorAll('[role="menuitem"]')];
+    const at = items.indexOf(document.activeElement);
+    if (event.key === "Escape") {
+      this.closeMenu();
+      button.focus();
+    } else if (event.key === "ArrowDown" || event.key === "ArrowUp") {
+      event.preventDefault();
+      const step = event.key === "ArrowDown" ? 1 : -1;
+      items[(at + step + items.length) % items.length].focus();
+    }
+  }
+
+  exportLink(id, format, label) {
     const href = `/api/sessions/${encodeURIComponent(id)}/export?format=${format}`;
-    const link = el("a", { href, download: `meterchat-${id}.${format}`, class: "link", text: format.toUpperCase() });
+    const link = el("a", { href, role: "menuitem", class: "menu-item", download: `meterchat-${id}.${format}`, text: label });
     // A plain link cannot send the bearer header; with a token, fetch and hand over a blob instead.
     link.addEventListener("click", async (event) => {
       if (!getToken()) return;
@@ -92,9 +172,10 @@ export class Sessions {
   }
 
   startRename(li, s) {
+    this.renaming = s.id; // first: closing the menu must not re-render the row being edited
+    this.closeMenu();
     const input = el("input", { type: "text", class: "rename-input", "data-testid": "session-rename-input", "aria-label": "Session title" });
     input.value = s.title || "";
-    li.classList.add("renaming");
     li.querySelector(".session-link").replaceWith(input);
     input.focus();
     input.select();
@@ -102,7 +183,7 @@ export class Sessions {
     const finish = async (save) => {
       if (finished) return;
       finished = true;
-      li.classList.remove("renaming");
+      this.renaming = null;
       const title = input.value.trim();
       if (save && title && title !== s.title) {
         try {
@@ -134,7 +215,10 @@ export class Sessions {
     try {
       await api(`/api/sessions/${encodeURIComponent(s.id)}`, { method: "DELETE" });
       if (s.id === this.currentId) location.assign("/");
-      else this.refresh();
+      else {
+        this.closeMenu();
+        this.refresh();
+      }
     } catch (error) {
       this.onError(`Delete failed: ${error.message}`);
     }
@@ -153,4 +237,22 @@ export class Sessions {
       this.onError(`Import failed: ${error.message}`);
     }
   }
+}
+
+// [label, sessions] for Today, Yesterday and Earlier, in that order, empty groups left out.
+export function groupByDay(sessions, now = new Date()) {
+  const midnight = new Date(now.getFullYear(), now.getMonth(), now.getDate()).getTime();
+  const groups = { Today: [], Yesterday: [], Earlier: [] };
+  for (const s of sessions) {
+    const when = toMillis(s.updated_at);
+    const label = when >= midnight ? "Today" : when >= midnight - DAY_MS ? "Yesterday" : "Earlier";
+    groups[label].push(s);
+  }
+  return Object.entries(groups).filter(([, items]) => items.length);
+}
+
+function toMillis(value) {
+  if (typeof value === "number") return value * (value < 1e12 ? 1000 : 1);
+  const parsed = Date.parse(value);
+  return Number.isFinite(parsed) ? parsed : 0;
 }

@@ -11,10 +11,14 @@ import { socketProtocols } from "./api.js";
 const BACKOFF_MS = [250, 500, 1000, 2000, 4000, 8000];
 
 export class Connection {
-  constructor({ url, onFrame, onStatus }) {
+  // shouldRetry(closeEvent, greeted) decides whether a closed socket is tried again; `greeted` says
+  // whether that socket got its `session` frame (a refused token never does).
+  constructor({ url, onFrame, onStatus, shouldRetry = () => true }) {
     this.url = url;
     this.onFrame = onFrame;
     this.onStatus = onStatus;
+    this.shouldRetry = shouldRetry;
+    this.greeted = false;
     this.sessionId = null;
     this.lastSeq = 0;
     this.attempt = 0;
@@ -35,6 +39,7 @@ export class Connection {
     this.onStatus("connecting");
     const ws = new WebSocket(this.url, socketProtocols());
     this.ws = ws;
+    this.greeted = false;
     ws.addEventListener("open", () => {
       const hello = { type: "hello" };
       if (this.sessionId) hello.session_id = this.sessionId;
@@ -46,7 +51,7 @@ export class Connection {
       if (this.ws !== ws) return;
       this.ws = null;
       this.onStatus("offline", event);
-      this.reconnectSoon();
+      if (this.shouldRetry(event, this.greeted)) this.reconnectSoon();
     });
   }
 
@@ -72,6 +77,7 @@ export class Connection {
       this.lastSeq = seq ?? 0;
       this.sessionId = frame.session_id;
       this.attempt = 0;
+      this.greeted = true;
       this.onStatus("online");
     } else if (frame.type === "history") {
       if (seq !== null) this.lastSeq = seq;

@@ -9,17 +9,17 @@ import json
 import logging
 import re
 import threading
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from tests.support import run_server
 
 AUTO = "auto"
 
@@ -44,7 +44,10 @@ class Reply:
     ``"drop"`` (the connection is cut after the pieces) or ``"close"`` (a clean close without the
     terminator). ``delay`` seconds pass between pieces. ``raw`` bytes are sent as the whole body.
     ``hold``: the stream pauses after the pieces until the test sets this event (a stream that hangs
-    mid-reply, for "stop" tests without timing).
+    mid-reply, for "stop" tests without timing). ``keepalive``: after the pieces, only keep-alives
+    (an SSE comment, an empty NDJSON line) every that many seconds until the client goes away.
+    ``error_size``: an error body padded with whitespace to that many bytes, made as it is sent
+    (``fake.error_bytes_sent`` counts what left).
     """
 
     text: Sequence[str] = ()
@@ -65,6 +68,8 @@ class Reply:
     raw: bytes | None = None
     cache: tuple[int, int] = (0, 0)  # anthropic only: cache_creation / cache_read input tokens
     hold: threading.Event | None = None  # after the pieces, wait until the test sets it
+    keepalive: float = 0.0
+    error_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,17 @@ class Recorded:
     headers: dict[str, str]
     json: Any
     peer: int | None = None  # the client's port: the same port means the connection was reused
+
+
+def json_text(data: Any) -> str:
+    """JSON as providers send it: UTF-8 text, except that a lone surrogate (which UTF-8 cannot hold)
+    goes out as a ``\\ud83d`` escape, as a provider that split an emoji's pair sends it."""
+    text = json.dumps(data, ensure_ascii=False)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(data)
+    return text
 
 
 def words(text: str) -> list[str]:
@@ -129,6 +145,7 @@ class FakeProvider:
         self.models: dict[str, dict[str, Any]] = {}
         self.api_key: str | None = None
         self.default: Callable[[Any], Reply] | None = None
+        self.error_bytes_sent = 0
 
     def enqueue(self, *replies: Reply) -> None:
         self._queue.extend(replies)
@@ -148,6 +165,7 @@ class FakeProvider:
         self.models = {}
         self.api_key = None
         self.default = None
+        self.error_bytes_sent = 0
 
     def next_reply(self, body: Any) -> Reply:
         if self._queue:
@@ -201,6 +219,12 @@ class FakeProvider:
             yield piece
         if reply.ending == "drop" and reply.stream_error is None:
             raise _Dropped("scripted connection drop")
+        while reply.keepalive:  # ends when the client goes away and uvicorn cancels this body
+            await asyncio.sleep(reply.keepalive)
+            yield self.keepalive_bytes()
+
+    def keepalive_bytes(self) -> bytes:
+        return f": keep-alive{self.newline}{self.newline}".encode()
 
     def auto_usage(self, reply: Reply, body: Any) -> tuple[int, int] | None:
         if reply.usage != AUTO:
@@ -215,11 +239,26 @@ class FakeProvider:
 
     def error_response(self, reply: Reply) -> Response:
         content = reply.body if reply.body is not None else self.error_body(reply)
+        if reply.error_size:
+            return StreamingResponse(self._padded(content, reply.error_size), status_code=reply.status,
+                                     media_type="application/json", headers=dict(reply.headers))
         return self.error_json(reply.status, content, reply.headers)
+
+    async def _padded(self, content: Any, size: int) -> AsyncIterator[bytes]:
+        head = (content if isinstance(content, str) else json.dumps(content)).encode()
+        self.error_bytes_sent += len(head)
+        yield head
+        pad = b" " * 65536
+        while self.error_bytes_sent < size:
+            self.error_bytes_sent += len(pad)
+            yield pad
+            # Once the client has gone uvicorn drops writes without waiting; yielding to the loop lets
+            # Starlette see the disconnect and stop this body, so the count is what the client let in.
+            await asyncio.sleep(0)
 
     def sse(self, data: Any, event: str | None = None) -> bytes:
         nl = self.newline
-        text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+        text = data if isinstance(data, str) else json_text(data)
         head = f"event: {event}{nl}" if event else ""
         return f"{head}data: {text}{nl}{nl}".encode()
 
@@ -251,39 +290,12 @@ def _not_a_scripted_drop(record: logging.LogRecord) -> bool:
     return not (record.exc_info and isinstance(record.exc_info[1], _Dropped))
 
 
-class _Server(uvicorn.Server):
-    def install_signal_handlers(self) -> None:  # older uvicorn; signals belong to the main thread
-        pass
-
-
 @contextmanager
 def serve_in_thread(app: Any) -> Iterator[str]:
     """Serve ``app`` on 127.0.0.1, a free port; yields ``http://127.0.0.1:PORT``."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", ws="none", http="h11",
-                            log_level="warning", timeout_graceful_shutdown=1)
-    logging.getLogger("uvicorn.error").addFilter(_not_a_scripted_drop)  # after Config set up logging
-    server = _Server(config)
-    thread = threading.Thread(target=server.run, name="fake-provider", daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError("fake provider server did not start")
-            time.sleep(0.001)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop_server(server, thread)
-
-
-def stop_server(server: uvicorn.Server, thread: threading.Thread) -> None:
-    """Ask the server to exit; if a connection holds it (a stream a test left hanging), force it, and
-    never wait forever: the thread is a daemon, so a stuck one cannot keep the test run alive."""
-    server.should_exit = True
-    thread.join(5)
-    if thread.is_alive():
-        server.force_exit = True
-        thread.join(5)
+    logging.getLogger("uvicorn.error").addFilter(_not_a_scripted_drop)
+    with run_server(app, lifespan="off", ws="none", http="h11") as server:
+        yield server.url
 
 
 @contextmanager

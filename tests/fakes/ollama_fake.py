@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.fakes.base import FakeProvider, Reply
+from tests.fakes.base import FakeProvider, Reply, json_text
 
 
 def _now() -> str:
@@ -52,7 +52,7 @@ class FakeOllama(FakeProvider):
     def _line(self, model: str, created: str, message: dict[str, Any], **extra: Any) -> bytes:
         data = {"model": model, "created_at": created,
                 "message": {"role": "assistant", "content": "", **message}, "done": False, **extra}
-        return (json.dumps(data, ensure_ascii=False) + self.newline).encode()
+        return (json_text(data) + self.newline).encode()
 
     def render(self, reply: Reply, body: Any) -> tuple[list[bytes], list[bytes]]:
         model, created = reply.model or body["model"], _now()
@@ -69,6 +69,9 @@ class FakeOllama(FakeProvider):
 
     def error_body(self, reply: Reply) -> Any:
         return {"error": reply.error}
+
+    def keepalive_bytes(self) -> bytes:
+        return self.newline.encode()
 
     def stream_error_event(self, reply: Reply) -> bytes:
         return (json.dumps({"error": reply.stream_error}) + self.newline).encode()

@@ -1,9 +1,10 @@
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.providers.sse import LineDecoder, NDJSONDecoder, SSEDecoder, SSEEvent
+from server.providers.decoders import LineDecoder, LineTooLong, NDJSONDecoder, SSEDecoder, SSEEvent
 
 STREAM = (
     ": keepalive\n"
@@ -95,3 +96,23 @@ def test_ndjson_decoder_splits_lines_across_chunks() -> None:
     decoder = NDJSONDecoder()
     values = [value for index in range(len(data)) for value in decoder.feed(data[index : index + 1])]
     assert values + list(decoder.flush()) == [{"a": "ü"}, {"b": [1, 2]}, {"c": True}]
+
+
+def test_line_decoder_refuses_a_line_over_the_limit_before_it_ends() -> None:
+    decoder = LineDecoder(max_line_bytes=10)
+    assert decoder.feed(b"0123456789\n") == ["0123456789"]
+    assert decoder.feed(b"01234") == []
+    with pytest.raises(LineTooLong, match="longer than 10 bytes"):
+        decoder.feed(b"567890")  # no line end yet: the partial line alone is over the limit
+
+
+def test_line_decoder_refuses_a_long_line_inside_one_chunk() -> None:
+    with pytest.raises(LineTooLong):
+        LineDecoder(max_line_bytes=10).feed(b"short\n" + b"x" * 11 + b"\nshort\n")
+
+
+def test_sse_decoder_limit_counts_bytes_not_characters() -> None:
+    decoder = SSEDecoder(max_line_bytes=12)
+    assert decoder.feed("data: ééé\n\n".encode()) == [SSEEvent("message", "ééé")]  # 12 bytes
+    with pytest.raises(LineTooLong):
+        decoder.feed("data: ééé!\n\n".encode())  # 10 characters, 13 bytes

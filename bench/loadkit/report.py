@@ -1,0 +1,79 @@
+"""The load bench's tables: one row per path (direct, bare relay, meterchat), deltas against
+reading the provider directly, ratios against the bare relay."""
+
+from __future__ import annotations
+
+from typing import Any
+
+COLUMNS = ("path", "ok", "chunks", "lost", "reord", "p50 ms", "p99 ms", "+p50", "+p99", "1st +p50",
+           "1st +p99", "cpu s/1k", "1-core cap", "core %", "rss/sess KiB",
+           "client %")
+
+
+def cell(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def row(name: str, r: dict[str, Any], direct: dict[str, Any]) -> list[str]:
+    delay, first = r["delay"] or {}, r["first"] or {}
+    base, base_first = direct["delay"] or {}, direct["first"] or {}
+
+    def added(now: dict[str, float], floor: dict[str, float], key: str) -> float | None:
+        return now[key] - floor[key] if key in now and key in floor and name != "direct" else None
+
+    return [name, f"{r['finished']}/{r['sessions']}", str(r["received"]), str(r["lost"]),
+            str(r["reordered"]), cell(delay.get("p50")), cell(delay.get("p99")),
+            cell(added(delay, base, "p50")), cell(added(delay, base, "p99")),
+            cell(added(first, base_first, "p50")), cell(added(first, base_first, "p99")),
+            cell(r.get("cpu_per_1k"), 3), cell(ceiling(r), 0), cell(r.get("core_pct"), 0),
+            cell(r.get("rss_per_session"), 0), cell(r.get("client_pct"), 0)]
+
+
+def ceiling(r: dict[str, Any]) -> float | None:
+    """Sessions one core could carry at this rate if CPU were the only limit: the figure that other
+    load on the machine disturbs least (CPU time, unlike delay, does not grow while waiting)."""
+    cpu, rate = r.get("cpu_per_1k"), r.get("rate")
+    return 1000 / (cpu * rate) if cpu and rate else None
+
+
+def table(title: str, results: dict[str, dict[str, Any]]) -> str:
+    direct = results.get("direct") or {"delay": {}, "first": {}}
+    rows = [list(COLUMNS)] + [row(name, r, direct) for name, r in results.items()]
+    widths = [max(len(line[i]) for line in rows) for i in range(len(COLUMNS))]
+    lines = [title] + ["  ".join(text.rjust(w) for text, w in zip(line, widths, strict=True))
+                       for line in rows]
+    lines += ratios(results, direct)
+    for name, r in results.items():
+        if r.get("rss_mib"):
+            before, peak, end = r["rss_mib"]
+            lines.append(f"  {name} RSS: {before} MiB before, {peak} MiB at peak, {end} MiB at the end")
+        if r["errors"]:
+            lines.append(f"  {name} errors: {r['errors']}")
+        for kind, outcome in (r.get("abuse") or {}).items():
+            lines.append(f"  {name} abuse {kind}: {outcome}")
+    return "\n".join(lines)
+
+
+def ratios(results: dict[str, dict[str, Any]], direct: dict[str, Any]) -> list[str]:
+    relay, served = results.get("relay"), results.get("meterchat")
+    if not relay or not served:
+        return []
+    out = []
+    for label, key, sub in (("added p50", "delay", "p50"), ("added p99", "delay", "p99"),
+                            ("first-chunk added p50", "first", "p50")):
+        try:
+            floor = direct[key][sub]
+            a, b = served[key][sub] - floor, relay[key][sub] - floor
+        except KeyError:
+            continue
+        out.append(f"  meterchat / bare relay, {label}: {a:.2f} / {b:.2f} ms = {ratio(a, b)}")
+    for label, key in (("CPU per 1k chunks", "cpu_per_1k"), ("RSS per session", "rss_per_session")):
+        if served.get(key) is not None and relay.get(key):
+            out.append(f"  meterchat / bare relay, {label}: {ratio(served[key], relay[key])}")
+    return out
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b > 0 else "n/a (relay adds nothing measurable)"

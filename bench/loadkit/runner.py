@@ -1,0 +1,224 @@
+"""Runs the load bench: starts the parts, drives each phase, samples the server, prints tables."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from bench.loadkit import procs
+from bench.loadkit.report import table
+
+LOAD = str(procs.ROOT / "bench" / "load.py")
+FIRST_CHUNK_TURNS = 200  # turns per concurrency level in the first-chunk mode, shared by the sessions
+
+
+def play_role(role: str, spec_json: str) -> None:
+    """The entry point of a child process."""
+    spec: dict[str, Any] = json.loads(spec_json)
+    if role == "fake":
+        from bench.loadkit.fake import serve as serve_fake
+        procs.fast_loop().run_until_complete(serve_fake(spec["port"], spec["seconds"]))
+    elif role == "relay":
+        from bench.loadkit.relay import serve as serve_relay
+        serve_relay(spec["port"], spec["base_url"], spec["options"])
+    elif role == "meterchat":
+        from bench.loadkit.launch import main as launch
+        launch(spec["overrides"], spec["argv"])
+    elif role == "clients":
+        from bench.loadkit.clients import main as clients
+        clients(spec_json)
+    else:
+        raise SystemExit(f"unknown role {role!r}")
+
+
+def role_args(role: str, spec: dict[str, Any]) -> list[str]:
+    return [LOAD, "--role", role, "--spec", json.dumps(spec)]
+
+
+def uvicorn_options(args: argparse.Namespace) -> dict[str, str]:
+    return {key: value for key in ("loop", "http", "ws") if (value := getattr(args, key))}
+
+
+def lifted_limits() -> tuple[str, list[str]]:
+    """TOML lines lifting connection limits the server offers as settings, and notes on the rest."""
+    from server.config import PROVIDER_SCHEMA
+
+    names = [s.name for s in PROVIDER_SCHEMA if "connections" in s.name]
+    if not names:
+        return "", ["provider pool: no limit setting in this build, httpx's default 100 connections "
+                    "(20 kept alive) applies: a wall at 100 concurrent streams"]
+    return "".join(f"{name} = 100000\n" for name in names), [f"provider pool: {', '.join(names)} = 100000"]
+
+
+def meterchat_config(folder: Path, fake: str) -> tuple[Path, list[str]]:
+    limits, notes = lifted_limits()
+    path = folder / "load.toml"
+    path.write_text(f'[server]\ndata_dir = "{(folder / "data").as_posix()}"\n'
+                    f'[providers.p]\nkind = "openai"\nbase_url = "{fake}/v1"\nmodel = "m"\n'
+                    f'context_window = 1000000\ndiscover_window = false\ntools = false\n'
+                    f'timeout_seconds = 300\n{limits}')
+    return path, notes
+
+
+class Bench:
+    """One run: the fake provider for its whole length, servers started fresh per phase."""
+
+    def __init__(self, args: argparse.Namespace, folder: Path, stack: ExitStack) -> None:
+        self.args = args
+        self.server_cores, self.load_cores = ("0", "1") if args.pin else (None, None)
+        self.log = folder / "children.log"
+        port = procs.free_port()
+        self.fake = f"http://127.0.0.1:{port}"
+        # Two hours outlasts any run; the fake also dies with the bench (procs.spawn).
+        fake = procs.start(role_args("fake", {"port": port, "seconds": 2 * 3600}), port,
+                           self.load_cores, self.log)
+        stack.callback(procs.stop, fake)
+        self.config, self.notes = meterchat_config(folder, self.fake)
+
+    def serve(self, path: str, stack: ExitStack) -> tuple[str, int] | None:
+        """Start the server of ``path`` (None for direct); returns its address and pid."""
+        if path == "direct":
+            return None
+        port = procs.free_port()
+        if path == "relay":
+            args = role_args("relay", {"port": port, "base_url": self.fake + "/v1",
+                                       "options": uvicorn_options(self.args)})
+        else:
+            args = self.meterchat_args(port)
+        process = procs.start(args, port, self.server_cores, self.log)
+        stack.callback(procs.stop, process)
+        return f"127.0.0.1:{port}", process.pid
+
+    def meterchat_args(self, port: int) -> list[str]:
+        argv = ["--config", str(self.config), "--port", str(port), "--log-level", "warning"]
+        if self.args.workers:
+            argv += self.workers_flag()
+        if options := uvicorn_options(self.args):
+            return role_args("meterchat", {"overrides": options, "argv": argv})
+        return ["-m", "server", *argv]
+
+    def workers_flag(self) -> list[str]:
+        usage = subprocess.run(procs.command(["-m", "server", "--help"], None), cwd=procs.ROOT,
+                               capture_output=True, text=True, timeout=60).stdout
+        if "--workers" in usage:
+            return ["--workers", str(self.args.workers)]
+        self.notes.append("--workers ignored: meterchat's CLI has no --workers in this build")
+        return []
+
+    def clients(self, plan: dict[str, Any], pid: int | None) -> dict[str, Any]:
+        """Run one client process against a path, sampling the server while it runs."""
+        cpu0 = procs.cpu_seconds(pid) if pid else 0.0
+        rss0 = peak = procs.rss_bytes(pid) if pid else 0
+        samples = [rss0]
+        started = time.monotonic()
+        with self.log.open("ab") as sink:
+            child = procs.spawn(role_args("clients", plan), self.load_cores, stdout=subprocess.PIPE,
+                                stderr=sink)
+        try:
+            while child.poll() is None and time.monotonic() - started < plan["timeout"] + 30:
+                samples.append(procs.rss_bytes(pid) if pid else 0)
+                peak = max(peak, samples[-1])
+                time.sleep(0.25)
+        finally:
+            procs.stop(child)
+        wall = time.monotonic() - started
+        with child.stdout or open(os.devnull, "rb") as out:
+            result: dict[str, Any] = json.loads(out.read() or b"{}")
+        cpu = procs.cpu_seconds(pid) - cpu0 if pid else None
+        result.update(sessions=plan["sessions"], rate=plan["rate"],
+                      client_pct=100 * result["client_cpu"] / wall)
+        if cpu is not None:
+            result.update(cpu_per_1k=1000 * cpu / max(1, result["received"]), core_pct=100 * cpu / wall,
+                          rss_per_session=(peak - rss0) / plan["sessions"] / 1024,
+                          rss_mib=[round(rss0 / 2**20), round(peak / 2**20), round(samples[-1] / 2**20)])
+        return result
+
+    def measure(self, paths: list[str], plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Each path in turn, its server started fresh (so RSS growth is this phase's alone)."""
+        results = {}
+        for path in paths:
+            with ExitStack() as stack:
+                results[path] = self.measure_path(path, plan, stack)
+        return results
+
+    def measure_path(self, path: str, plan: dict[str, Any], stack: ExitStack) -> dict[str, Any]:
+        served = self.serve(path, stack)
+        host, pid = served if served else (self.fake.removeprefix("http://"), None)
+        kind = "direct" if path == "direct" else "ws"
+        warm = {**plan, "kind": kind, "host": host, "sessions": 1, "turns": 1, "tokens": 5, "rate": 0,
+                "ramp": 0.0, "timeout": 30.0}
+        self.clients(warm, pid)  # imports, first connections and lazy set-up are not measured
+        abuse = bool(plan.get("abuse")) and path == "meterchat"  # the relay speaks too little protocol
+        return self.clients({**plan, "kind": kind, "host": host, "abuse": abuse}, pid)
+
+
+def paced_plan(args: argparse.Namespace, sessions: int) -> dict[str, Any]:
+    tokens = int(args.seconds * args.rate)
+    return {"sessions": sessions, "turns": 1, "tokens": tokens, "rate": args.rate, "ramp": args.ramp,
+            "timeout": args.ramp + args.seconds * 3 + 60, "abuse": args.abuse}
+
+
+def first_chunk_plan(concurrency: int, quick: bool) -> dict[str, Any]:
+    turns = max(3, (FIRST_CHUNK_TURNS // 8 if quick else FIRST_CHUNK_TURNS) // concurrency)
+    return {"sessions": concurrency, "turns": turns, "tokens": 5, "rate": 0, "ramp": 0.0, "timeout": 120.0}
+
+
+def numbers(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def run(args: argparse.Namespace) -> None:
+    procs.raise_file_limit()
+    # A terminated bench still runs its clean-up (the children also die with it, see procs.spawn).
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        measure_all(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def measure_all(args: argparse.Namespace) -> None:
+    if args.pin:
+        os.sched_setaffinity(0, {1})
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    with tempfile.TemporaryDirectory(prefix="meterchat-load-") as tmp, ExitStack() as stack:
+        bench = Bench(args, Path(tmp), stack)
+        print(header(args, bench.notes), flush=True)
+        for n in numbers(args.sessions):
+            load = loadavg()
+            results = bench.measure(paths, paced_plan(args, n))
+            print(table(f"\n{n} sessions x {args.rate} tokens/s, {args.seconds:g} s replies "
+                        f"(machine load average {load} -> {loadavg()})", results), flush=True)
+        for concurrency in numbers(args.first_chunk):
+            plan = first_chunk_plan(concurrency, args.quick)
+            load = loadavg()
+            results = bench.measure(paths, plan)
+            print(table(f"\nfirst chunk, concurrency {concurrency}, {plan['turns']} turns each "
+                        f"(5-token replies at full speed; load average {load} -> {loadavg()})", results),
+                  flush=True)
+        if args.keep_logs:
+            print(Path(tmp, "children.log").read_text()[-4000:])
+
+
+def loadavg() -> str:
+    """The machine's one-minute load average: how much else competed for the cores meanwhile."""
+    return Path("/proc/loadavg").read_text().split()[0]
+
+
+def header(args: argparse.Namespace, notes: list[str]) -> str:
+    pinned = "server on core 0, fake + clients on core 1" if args.pin else "no"
+    lines = [f"load bench: {os.cpu_count()} cores, pinned: {pinned}; "
+             f"uvicorn options: {uvicorn_options(args) or 'as server/cli.py sets them'}",
+             "columns: delays in ms; + = added over direct; cpu s/1k = server CPU seconds per 1,000 "
+             "chunks; core % = server CPU share of one core; rss/sess = server RSS growth per session",
+             *notes]
+    return "\n".join(lines)

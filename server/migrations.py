@@ -1,0 +1,168 @@
+"""Schema migrations: numbered steps that every store backend runs once, recorded in the database.
+
+A ``Migration`` is a version, a name and its SQL in each dialect (SQLite, PostgreSQL). Opening a
+store applies, in ONE transaction under the backend's write lock, every migration whose version is
+not yet in the ``schema_migrations`` table, and records each (version, name, applied_at). So two
+servers starting at once on one database apply each step once, and a failed step leaves nothing.
+
+Rules for adding one: a released migration's SQL never changes (some database has already run it);
+a new column or table is a new, higher version appended to ``MIGRATIONS``; every statement is
+idempotent (``IF NOT EXISTS``) so a database that already holds the objects adopts them. That is how
+a SQLite file made before this table existed loads: its tables are migration 1, verbatim.
+
+A database recording a version above the newest known stops start-up with ``ConfigError``: a newer
+meterchat wrote it. SQLite files also keep the ``schema_version`` row that meterchat read before
+migrations existed, set to the newest applied version, so an older binary refuses a newer file too.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from server.errors import ConfigError
+
+if TYPE_CHECKING:
+    import psycopg
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sqlite: str
+    postgres: str
+
+
+# Version 1 for SQLite is the schema meterchat created before migrations, character for character.
+_SQLITE_1 = """
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY, title TEXT NOT NULL, route TEXT NOT NULL,
+    created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS messages (
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    id TEXT NOT NULL, position REAL NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL,
+    tool_calls TEXT, tool_call_id TEXT, images TEXT, name TEXT,
+    breadcrumb INTEGER NOT NULL, summary INTEGER NOT NULL, trimmed INTEGER NOT NULL,
+    excluded TEXT, interrupted INTEGER NOT NULL, turn_id TEXT,
+    PRIMARY KEY (session_id, id));
+CREATE INDEX IF NOT EXISTS messages_order ON messages (session_id, position);
+CREATE TABLE IF NOT EXISTS calls (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    turn_id TEXT, provider TEXT NOT NULL, model TEXT NOT NULL, route_kind TEXT NOT NULL,
+    input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL, tokens_source TEXT NOT NULL,
+    cost_usd REAL, created_at TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS calls_session ON calls (session_id, seq);
+"""
+
+# PostgreSQL keeps a message as one JSON document (``message_to_data``): the codec is
+# the single description of a message, and ``json`` (unlike ``jsonb`` and ``text``) keeps a NUL
+# character a model may emit. Timestamps stay ISO-8601 text so both backends sort them alike.
+_POSTGRES_1 = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY, title TEXT NOT NULL, route TEXT NOT NULL,
+    created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS messages (
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    id TEXT NOT NULL, position DOUBLE PRECISION NOT NULL, data JSON NOT NULL,
+    PRIMARY KEY (session_id, id));
+CREATE INDEX IF NOT EXISTS messages_order ON messages (session_id, position);
+CREATE TABLE IF NOT EXISTS calls (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    turn_id TEXT, provider TEXT NOT NULL, model TEXT NOT NULL, route_kind TEXT NOT NULL,
+    input_tokens BIGINT NOT NULL, output_tokens BIGINT NOT NULL, tokens_source TEXT NOT NULL,
+    cost_usd DOUBLE PRECISION, created_at TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS calls_session ON calls (session_id, seq);
+"""
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "sessions, messages and calls", _SQLITE_1, _POSTGRES_1),
+)
+
+_RECORDS = ("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "
+            "name TEXT NOT NULL, applied_at TEXT NOT NULL)")
+# Any constant: it names the lock that serialises servers migrating one PostgreSQL database.
+_PG_LOCK = 0x6D657465
+
+
+def statements(script: str) -> list[str]:
+    """The statements of a migration (its SQL holds no ``;`` inside a literal)."""
+    return [part.strip() for part in script.split(";") if part.strip()]
+
+
+def refuse_newer(versions: Iterable[int], migrations: Sequence[Migration], where: str) -> None:
+    seen, newest = max(versions, default=0), max(m.version for m in migrations)
+    if seen > newest:
+        raise ConfigError(f"{where}: written by a newer meterchat (schema {seen}, "
+                          f"this one reads up to {newest})")
+
+
+def pending(applied: Iterable[int], migrations: Sequence[Migration], where: str) -> list[Migration]:
+    """The migrations to run, in order; a database newer than ``migrations`` is refused."""
+    done = set(applied)
+    refuse_newer(done, migrations, where)
+    return sorted((m for m in migrations if m.version not in done), key=lambda m: m.version)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def migrate_sqlite(conn: sqlite3.Connection, where: str,
+                   migrations: Sequence[Migration] = MIGRATIONS) -> list[int]:
+    """Apply what is pending to an autocommit (``isolation_level=None``) connection; the versions run."""
+    conn.execute("BEGIN IMMEDIATE")  # the write lock: a second process waits, then finds it done
+    try:
+        ran = _sqlite_steps(conn, where, migrations)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return ran
+
+
+def _sqlite_steps(conn: sqlite3.Connection, where: str, migrations: Sequence[Migration]) -> list[int]:
+    conn.execute(_RECORDS)
+    recorded = [row[0] for row in conn.execute("SELECT version FROM schema_migrations")]
+    refuse_newer([_legacy_version(conn)], migrations, where)
+    todo = pending(recorded, migrations, where)
+    for migration in todo:
+        for statement in statements(migration.sqlite):
+            conn.execute(statement)
+        conn.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)",
+                     (migration.version, migration.name, _now()))
+    newest = max([*recorded, *(m.version for m in todo)])
+    conn.execute("DELETE FROM schema_version")
+    conn.execute("INSERT INTO schema_version VALUES (?)", (newest,))
+    return [m.version for m in todo]
+
+
+def _legacy_version(conn: sqlite3.Connection) -> int:
+    """The pre-migrations record (one row in ``schema_version``); 0 when the file has none."""
+    exists = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'")
+    if exists.fetchone() is None:
+        return 0
+    row: Any = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+    return int(row[0] or 0)
+
+
+def migrate_postgres(conn: psycopg.Connection[Any], where: str,
+                     migrations: Sequence[Migration] = MIGRATIONS) -> list[int]:
+    """Apply what is pending in one transaction under an advisory lock; the versions run."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_LOCK,))
+        conn.execute(_RECORDS)
+        recorded = [row[0] for row in conn.execute("SELECT version FROM schema_migrations")]
+        todo = pending(recorded, migrations, where)
+        for migration in todo:
+            for statement in statements(migration.postgres):
+                conn.execute(statement)
+            conn.execute("INSERT INTO schema_migrations VALUES (%s, %s, %s)",
+                         (migration.version, migration.name, _now()))
+    return [m.version for m in todo]

@@ -1,0 +1,179 @@
+"""Incremental decoders for streamed provider replies: lines, Server-Sent Events, NDJSON.
+
+Network chunks can split anywhere: inside a UTF-8 character, inside ``\\r\\n``, inside a field name.
+``LineDecoder.feed(bytes)`` returns only the lines completed so far and keeps the rest. A line ends at
+``\\n``, ``\\r\\n`` or a lone ``\\r`` (the SSE rule; harmless for NDJSON, where a raw CR can only be
+whitespace between values). Lines are cut on bytes (those bytes never occur inside a UTF-8 sequence),
+so each chunk's complete lines are decoded with one ``bytes.decode`` and split with one ``str.split``:
+no per-character work in Python. A line longer than ``max_line_bytes`` raises ``LineTooLong`` as
+soon as it is known to be too long, so a provider cannot grow memory with one endless line.
+
+``SSEDecoder`` follows the WHATWG event-stream rules: ``event:``, multi-line ``data:`` (joined with
+``\\n``), ``id:``, ``retry:``, ``:`` comments, a blank line dispatches. One deliberate difference: at
+end of input ``flush()`` dispatches a pending event instead of dropping it, so a server that closes
+right after its last ``data:`` line still delivers it. Invalid UTF-8 becomes U+FFFD, never an error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_MAX_LINE_BYTES = 1024 * 1024
+
+
+class LineTooLong(ValueError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"a line longer than {limit} bytes")
+        self.limit = limit
+
+
+class LineDecoder:
+    """Bytes in, complete text lines out (without their line ending)."""
+
+    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        self._max = max_line_bytes
+        self._pending: list[bytes] = []  # the unfinished line, in the pieces it came in
+        self._pending_size = 0
+        # A chunk ending in "\r" has ended its line; a "\n" opening the next chunk belongs to it.
+        self._skip_lf = False
+
+    def feed(self, data: bytes) -> list[str]:
+        if self._skip_lf and data:
+            self._skip_lf = False
+            if data[0] == 10:  # b"\n"
+                data = data[1:]
+        end = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+        if not end:
+            self._keep(data)
+            return []
+        head = data if end == len(data) else data[:end]
+        if self._pending:
+            head = b"".join(self._pending) + head
+            self._pending.clear()
+            self._pending_size = 0
+        self._skip_lf = end == len(data) and data[-1] == 13  # b"\r"
+        lines = self._split(head)
+        if end < len(data):
+            self._keep(data[end:])
+        return lines
+
+    def flush(self) -> list[str]:
+        if not self._pending:
+            return []
+        line = b"".join(self._pending).decode("utf-8", "replace")
+        self._pending.clear()
+        self._pending_size = 0
+        return [line]
+
+    def _split(self, head: bytes) -> list[str]:
+        text = head.decode("utf-8", "replace")
+        if "\r" in text:
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        lines = text.split("\n")
+        lines.pop()  # the empty string after the last line ending
+        if len(head) > self._max and any(len(line.encode("utf-8", "surrogatepass")) > self._max
+                                          for line in lines):
+            raise LineTooLong(self._max)
+        return lines
+
+    def _keep(self, data: bytes) -> None:
+        if not data:
+            return
+        self._pending_size += len(data)
+        if self._pending_size > self._max:
+            raise LineTooLong(self._max)
+        self._pending.append(data)
+
+
+@dataclass(slots=True)
+class SSEEvent:
+    event: str
+    data: str
+    id: str | None = None
+    retry: int | None = None
+
+    def json(self) -> Any:
+        return json.loads(self.data)
+
+
+class SSEDecoder:
+    """Bytes in, dispatched ``SSEEvent``s out."""
+
+    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        self._lines = LineDecoder(max_line_bytes)
+        self._event = ""
+        self._data: list[str] = []
+        self._id: str | None = None
+        self._retry: int | None = None
+
+    def feed(self, data: bytes) -> list[SSEEvent]:
+        return self._events(self._lines.feed(data))
+
+    def flush(self) -> list[SSEEvent]:
+        events = self._events(self._lines.flush())
+        pending = self._dispatch()
+        return events + [pending] if pending else events
+
+    def _events(self, lines: list[str]) -> list[SSEEvent]:
+        events: list[SSEEvent] = []
+        for line in lines:
+            if not line:
+                if self._data:
+                    events.append(self._dispatch_data())
+                else:
+                    self._event = ""  # an event with no data is not dispatched (WHATWG)
+            elif line.startswith("data: "):  # the common field, without the general parse
+                self._data.append(line[6:])
+            elif line[0] != ":":
+                self._field(line)
+        return events
+
+    def _field(self, line: str) -> None:
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id" and "\0" not in value:
+            self._id = value
+        elif name == "retry" and value.isdigit():
+            self._retry = int(value)
+
+    def _dispatch(self) -> SSEEvent | None:
+        if not self._data:
+            self._event = ""
+            return None
+        return self._dispatch_data()
+
+    def _dispatch_data(self) -> SSEEvent:
+        data = self._data
+        event = SSEEvent(self._event or "message", data[0] if len(data) == 1 else "\n".join(data),
+                         self._id, self._retry)
+        self._event = ""
+        self._data = []
+        return event
+
+
+class NDJSONDecoder:
+    """Bytes in, one parsed JSON value per non-blank line out. Lines are split at once; values are
+    parsed as the caller iterates, so the values before a bad line arrive before its ``ValueError``."""
+
+    def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        self._lines = LineDecoder(max_line_bytes)
+
+    def feed(self, data: bytes) -> Iterator[Any]:
+        return _parse(self._lines.feed(data))
+
+    def flush(self) -> Iterator[Any]:
+        return _parse(self._lines.flush())
+
+
+def _parse(lines: list[str]) -> Iterator[Any]:
+    for line in lines:
+        if line.strip():
+            yield json.loads(line)

@@ -1,0 +1,272 @@
+// The transcript model: every item the conversation shows and its state, in one place.
+//
+// Frames go in (`apply`), the model updates its items and tells its listeners what changed
+// ("reset", "add", "update"). Views render from the items and never read their own DOM back. An item
+// is a plain object: {key, kind, role, text, state, turnId, messageId, clientId, time, ...}; `kind`
+// is user, assistant, tool, system, breadcrumb, summary, command, notice, trim or error.
+
+import { fmt } from "./dom.js";
+
+let nextKey = 1;
+
+function item(kind, fields) {
+  return { key: nextKey++, kind, time: Date.now(), ...fields };
+}
+
+export class Transcript {
+  constructor() {
+    this.items = [];
+    this.replies = new Map(); // turn_id -> the reply item that grows next
+    this.pendingTurn = null; // the turn a coming `route` frame belongs to
+    this.trims = []; // this session's history_trimmed frames, oldest first
+    this.replacing = new Map(); // client message id -> the turn it replaces (edit, regenerate)
+    this.versions = new Map(); // turn_id -> {turns, shown}: a turn and the turns that replaced it
+    this.listeners = [];
+  }
+
+  on(listener) {
+    this.listeners.push(listener);
+  }
+
+  emit(change, subject, extra) {
+    for (const listener of this.listeners) listener(change, subject, extra);
+  }
+
+  add(entry, before = null) {
+    const index = before ? this.items.indexOf(before) : -1;
+    if (index >= 0) this.items.splice(index, 0, entry);
+    else this.items.push(entry);
+    this.emit("add", entry, index >= 0 ? before : null);
+    return entry;
+  }
+
+  update(entry, patch) {
+    Object.assign(entry, patch);
+    this.emit("update", entry);
+    return entry;
+  }
+
+  get streaming() {
+    return this.pendingTurn !== null || this.items.some((i) => i.state === "streaming");
+  }
+
+  // The last user message still sent and its turn: what Up and Edit put back, and what a
+  // regenerate sends again.
+  lastUser() {
+    for (let i = this.items.length - 1; i >= 0; i--) {
+      const entry = this.items[i];
+      if (entry.kind === "user" && !entry.excluded && entry.state !== "failed") return entry;
+    }
+    return null;
+  }
+
+  lastReply() {
+    for (let i = this.items.length - 1; i >= 0; i--) if (this.items[i].kind === "assistant") return this.items[i];
+    return null;
+  }
+
+  userOfTurn(turnId) {
+    return this.items.find((i) => i.kind === "user" && i.turnId === turnId) || null;
+  }
+
+  // ----- the transcript from a `history` frame -----
+
+  reset(messages) {
+    this.items = [];
+    this.replies.clear();
+    this.versions.clear();
+    this.pendingTurn = null;
+    for (const message of messages) this.items.push(...this.stored(message));
+    this.emit("reset", this.items);
+  }
+
+  stored(m) {
+    const base = { messageId: m.id, turnId: m.turn_id, trimmed: !!m.trimmed, excluded: m.excluded || null, text: m.content || "", time: null };
+    if (m.breadcrumb) return [item("breadcrumb", { ...base, role: m.role })];
+    if (m.summary) return [item("summary", { ...base, role: m.role })];
+    if (m.role === "system") return [item("system", { ...base, role: "system" })];
+    if (m.role === "user") return [item("user", { ...base, role: "user", state: "sent", imageCount: m.images || 0 })];
+    if (m.role === "tool") {
+      this.replies.delete(m.turn_id); // a reply after a tool result is a new element
+      return [item("tool", { ...base, role: "tool", name: m.name, output: m.content })];
+    }
+    const tools = (m.tool_calls || []).map((c) => ({ id: c.id, name: c.name, args: c.args, state: "done" }));
+    const reply = item("assistant", {
+      ...base, role: "assistant", state: m.interrupted ? "stopped" : "done", tools, thinking: "",
+      foot: m.interrupted ? "stopped" : "", route: "",
+    });
+    if (m.turn_id) this.replies.set(m.turn_id, reply);
+    return [reply];
+  }
+
+  // ----- live frames -----
+
+  addPendingUser(id, content, dataUrls) {
+    return this.add(item("user", { role: "user", clientId: id, messageId: id, state: "pending", text: content, dataUrls }));
+  }
+
+  addCommand(content) {
+    return this.add(item("command", { role: "command", text: content }));
+  }
+
+  accepted(f) {
+    const found = this.items.find((i) => i.kind === "user" && i.clientId === f.id);
+    const entry = found || this.add(item("user", { role: "user", clientId: f.id, messageId: f.id, text: f.content, imageCount: f.images || 0 }));
+    this.update(entry, { state: "sent", turnId: f.turn_id });
+    this.pendingTurn = f.turn_id;
+    const replaced = this.replacing.get(f.id);
+    if (replaced) {
+      this.replacing.delete(f.id);
+      this.linkVersion(replaced, f.turn_id);
+    }
+  }
+
+  reply(turnId) {
+    let entry = this.replies.get(turnId);
+    if (!entry) {
+      const version = this.versionLabel(turnId);
+      entry = this.add(item("assistant", { role: "assistant", turnId, state: "streaming", text: "", thinking: "", tools: [], foot: "", route: "", version }));
+      this.replies.set(turnId, entry);
+    }
+    return entry;
+  }
+
+  route(f) {
+    const turnId = f.turn_id || this.pendingTurn;
+    if (!turnId) return;
+    const label = f.model ? `${f.provider}/${f.model}` : f.provider;
+    const why = `${f.route_kind}${f.hint ? `, hint "${f.hint}"` : ""}`;
+    this.update(this.reply(turnId), { route: label, routeTitle: `Served by ${label} (${why})` });
+  }
+
+  chunk(f) {
+    const entry = this.reply(f.turn_id);
+    this.update(entry, { state: "streaming", text: entry.text + f.content });
+  }
+
+  thinking(f) {
+    const entry = this.reply(f.turn_id);
+    this.update(entry, { thinking: entry.thinking + f.content });
+  }
+
+  toolCall(f) {
+    const entry = this.reply(f.turn_id);
+    this.update(entry, { tools: [...entry.tools, { id: f.id, name: f.name, args: f.args, state: "running" }] });
+  }
+
+  toolResult(f) {
+    const entry = this.reply(f.turn_id);
+    const call = entry.tools.find((t) => t.id === f.id);
+    if (!call) return this.add(item("tool", { role: "tool", name: f.name, output: f.output, turnId: f.turn_id }));
+    Object.assign(call, { output: f.output, state: "done" });
+    this.update(entry, {});
+  }
+
+  done(f) {
+    const entry = this.reply(f.turn_id);
+    const parts = [`${fmt(f.input_tokens)} in`, `${fmt(f.output_tokens)} out`];
+    if (typeof f.cost_usd === "number" && f.cost_usd > 0) parts.push(`$${f.cost_usd.toFixed(4)}`);
+    const route = f.model ? `${f.provider}/${f.model}` : f.provider;
+    this.update(entry, { text: f.full_response ?? entry.text, state: "done", route, foot: parts.join(" · "), doneAt: Date.now() });
+    this.finishTurn(f.turn_id);
+    this.emit("finished", entry);
+  }
+
+  aborted(f) {
+    const entry = this.replies.get(f.turn_id);
+    if (entry) this.update(entry, { state: "stopped", foot: "stopped" });
+    else this.add(item("notice", { level: "info", text: "Stopped before the reply began." }));
+    this.finishTurn(f.turn_id);
+  }
+
+  error(f, retry) {
+    const entry = f.turn_id ? this.replies.get(f.turn_id) : null;
+    if (entry) this.update(entry, { state: "error" });
+    // A message the server refused stays shown, marked; the rest of the page carries on.
+    const refused = this.items.filter((i) => i.kind === "user" && (f.message_id ? i.clientId === f.message_id : i.state === "pending"));
+    for (const user of refused) this.update(user, { state: "failed" });
+    this.add(item("error", { code: f.code || "", text: f.message || "Something went wrong.", retry: f.retryable ? retry : null }));
+    if (f.turn_id) this.finishTurn(f.turn_id);
+  }
+
+  notice(f) {
+    // Not an error: the turn goes on; the reader should know what the provider did.
+    this.add(item("notice", { level: "trim", code: f.code, text: f.message }));
+  }
+
+  finishTurn(turnId) {
+    if (this.pendingTurn === turnId) this.pendingTurn = null;
+    this.replies.delete(turnId); // the next provider call of a later turn starts a fresh element
+  }
+
+  // ----- trims and set-aside turns -----
+
+  trimmed(f) {
+    this.trims.push({ ...f, time: Date.now() });
+    const turns = new Set(f.turn_ids || []);
+    const ids = new Set(f.message_ids || []);
+    for (const entry of this.items) if (entry.messageId && ids.has(entry.messageId) && entry.turnId) turns.add(entry.turnId);
+    // Replies drawn live carry no server id, but trims drop whole turns: if ids found fewer turns
+    // than were dropped, the oldest turns still sent are the ones that went.
+    const missing = (f.dropped_turns || 0) - turns.size;
+    if (missing > 0) for (const turn of this.oldestSentTurns(missing, turns)) turns.add(turn);
+    turns.delete(this.pendingTurn);
+    for (const entry of this.items) {
+      if ((entry.messageId && ids.has(entry.messageId)) || (entry.turnId && turns.has(entry.turnId))) this.update(entry, { trimmed: true });
+    }
+    // A trim during a turn sits above the turn it happened in, not below its reply.
+    const start = f.turn_id ? this.items.find((i) => i.turnId === f.turn_id) : null;
+    this.add(item("trim", { frame: f }), start);
+  }
+
+  oldestSentTurns(count, skip) {
+    const order = [];
+    for (const entry of this.items) {
+      const turn = entry.turnId;
+      if (turn && !entry.trimmed && !skip.has(turn) && !order.includes(turn)) order.push(turn);
+    }
+    return order.slice(0, count);
+  }
+
+  // ----- versions: a turn replaced by an edit or a regenerate, and the turns that replaced it -----
+
+  replaceTurn(turnId, clientId, why) {
+    this.setAside(turnId, why);
+    this.replacing.set(clientId, turnId);
+  }
+
+  linkVersion(oldTurn, newTurn) {
+    const group = this.versions.get(oldTurn) || { turns: [oldTurn], shown: 0 };
+    group.turns.push(newTurn);
+    group.shown = group.turns.length - 1;
+    this.versions.set(oldTurn, group);
+    this.versions.set(newTurn, group);
+    this.showVersion(group);
+  }
+
+  // Steps the shown version of a turn back (-1) or forward (+1); the others stay in the model, hidden.
+  flip(turnId, step) {
+    const group = this.versions.get(turnId);
+    if (!group) return;
+    group.shown = Math.min(group.turns.length - 1, Math.max(0, group.shown + step));
+    this.showVersion(group);
+  }
+
+  showVersion(group) {
+    const shown = group.turns[group.shown];
+    for (const entry of this.items) {
+      if (!group.turns.includes(entry.turnId)) continue;
+      this.update(entry, { versionHidden: entry.turnId !== shown, version: this.versionLabel(entry.turnId) });
+    }
+  }
+
+  versionLabel(turnId) {
+    const group = this.versions.get(turnId);
+    return group ? { index: group.turns.indexOf(turnId) + 1, count: group.turns.length } : null;
+  }
+
+  setAside(turnId, why) {
+    // A replaced turn stays on the page, greyed: the server no longer sends it to the model.
+    for (const entry of this.items) if (entry.turnId === turnId) this.update(entry, { excluded: why });
+  }
+}
