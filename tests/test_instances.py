@@ -84,10 +84,19 @@ class Instance:
             self.process.stderr.close()
 
 
-def write_config(tmp_path: Path, redis: RedisServer, delay_ms: int = 30) -> Path:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest) -> str:
+    """The store both instances share: one SQLite file, or a fresh database on the private
+    PostgreSQL cluster (tests/pg_support.py)."""
+    if request.param == "sqlite":
+        return ""
+    return str(request.getfixturevalue("pg_cluster").new_database())
+
+
+def write_config(tmp_path: Path, redis: RedisServer, store_url: str, delay_ms: int = 30) -> Path:
     config = tmp_path / "meterchat.toml"
     config.write_text(
-        f'[server]\ndata_dir = "{tmp_path / "data"}"\nstore_flush_ms = 50\n'
+        f'[server]\ndata_dir = "{tmp_path / "data"}"\nstore_flush_ms = 50\n[store]\nurl = "{store_url}"\n'
         f'[live]\nurl = "{redis.url}"\nlease_ttl_ms = 3000\n'
         f'[providers.demo]\nkind = "demo"\nmodel = "demo-small"\ncontext_window = 4096\n'
         f'delay_ms = {delay_ms}\n', encoding="utf-8")
@@ -95,8 +104,8 @@ def write_config(tmp_path: Path, redis: RedisServer, delay_ms: int = 30) -> Path
 
 
 @contextmanager
-def instances(tmp_path: Path, redis: RedisServer, count: int = 2) -> Iterator[list[Instance]]:
-    config = write_config(tmp_path, redis)
+def instances(tmp_path: Path, redis: RedisServer, store_url: str, count: int = 2) -> Iterator[list[Instance]]:
+    config = write_config(tmp_path, redis, store_url)
     with ExitStack() as stack:
         started = []
         for _ in range(count):
@@ -117,8 +126,8 @@ async def until_error_or_close(c: Client, timeout: float = 15) -> list[dict[str,
     return got
 
 
-async def test_instances_a_client_moves_to_the_other_process_mid_stream(tmp_path, redis_server):
-    with instances(tmp_path, redis_server) as (a, b):
+async def test_instances_a_client_moves_to_the_other_process_mid_stream(tmp_path, redis_server, store_url):
+    with instances(tmp_path, redis_server, store_url) as (a, b):
         async with client(a.address) as first:
             await first.hello()
             seen = await first.start_turn()
@@ -130,8 +139,8 @@ async def test_instances_a_client_moves_to_the_other_process_mid_stream(tmp_path
     assert text_of(seen) + text_of(rest) == rest[-1]["full_response"]
 
 
-async def test_instances_a_client_on_each_process_sees_one_turn(tmp_path, redis_server):
-    with instances(tmp_path, redis_server) as (a, b):
+async def test_instances_a_client_on_each_process_sees_one_turn(tmp_path, redis_server, store_url):
+    with instances(tmp_path, redis_server, store_url) as (a, b):
         async with client(a.address) as on_a, client(b.address) as on_b:
             await on_a.hello()
             await on_b.hello(on_a.session_id)
@@ -146,8 +155,8 @@ async def test_instances_a_client_on_each_process_sees_one_turn(tmp_path, redis_
     assert [f["content"] for f in of_type(on_b.frames, "accepted")] == ["hello from b", "and from a"]
 
 
-async def test_instances_stop_from_the_other_process(tmp_path, redis_server):
-    with instances(tmp_path, redis_server) as (a, b):
+async def test_instances_stop_from_the_other_process(tmp_path, redis_server, store_url):
+    with instances(tmp_path, redis_server, store_url) as (a, b):
         async with client(a.address) as on_a, client(b.address) as on_b:
             await on_a.hello()
             await on_b.hello(on_a.session_id)
@@ -157,8 +166,8 @@ async def test_instances_stop_from_the_other_process(tmp_path, redis_server):
             assert (await on_b.until("aborted", "done"))[-1]["type"] == "aborted"
 
 
-async def test_instances_one_killed_mid_stream_the_other_takes_the_session_over(tmp_path, redis_server):
-    with instances(tmp_path, redis_server) as (a, b):
+async def test_instances_one_killed_mid_stream_the_other_takes_over(tmp_path, redis_server, store_url):
+    with instances(tmp_path, redis_server, store_url) as (a, b):
         async with client(b.address) as watcher:
             async with client(a.address) as on_a:
                 await on_a.hello()
@@ -181,8 +190,8 @@ async def test_instances_one_killed_mid_stream_the_other_takes_the_session_over(
     assert all(m["interrupted"] for m in replies[:-1])  # the lost reply, if it reached the store
 
 
-async def test_instances_redis_restarted_mid_stream_clients_get_an_error_or_a_resume(tmp_path, fresh_redis):
-    with instances(tmp_path, fresh_redis) as (a, b):
+async def test_instances_redis_restarted_mid_stream_error_or_resume(tmp_path, fresh_redis, store_url):
+    with instances(tmp_path, fresh_redis, store_url) as (a, b):
         async with client(a.address) as on_a, client(b.address) as on_b:
             await on_a.hello()
             await on_b.hello(on_a.session_id)
