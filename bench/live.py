@@ -68,6 +68,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.turns, args.words, args.delay_ms = 1, 20, [0]
+    print(f"live mode: {args.turns} turn(s) of {args.words} words, {args.watchers} client(s) on the session")
     with tempfile.TemporaryDirectory() as tmp:
         redis = RedisServer(Path(tmp))
         redis.start()
@@ -83,6 +84,7 @@ def main() -> None:
                       f"appends/chunk={per['evalsha']} XREADs/chunk={per['xread']}")
         finally:
             redis.stop()
+    print("round trips = Redis's total_reads_processed (one per request batch); appends = append scripts")
 
 
 if __name__ == "__main__":
