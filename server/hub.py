@@ -6,10 +6,10 @@ change the session's route (a turn in flight finishes on the route it started wi
 cancels the turn from any connected client. A stored session is restored with the turn limit and
 the orphan sweep applied, and the trim is announced to the first client that opens it.
 
-Live mode (``[live] url``, several instances): sessions' channels are ``RedisChannel``s; a turn
-starts only with the session's lease (``lease.TurnLease``), ``stop`` reaches the instance that holds
-it, a session another instance changed is read again from the store before it is used here, and a
-turn whose instance died is closed with ``instance_lost`` (docs/deployment-live.md).
+Live mode (``[live] url``, several instances): sessions' channels are ``RedisChannel``s, a session
+another instance changed is read again from the store before it is used here, and ``LiveTurns``
+(live_turns.py) holds the lease of each turn, forwards ``stop`` and closes the turns of an instance
+that died (docs/deployment-live.md).
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ from typing import Any
 
 import anyio
 
-from server.channel import Frame, FrameChannel, Outbox
+from server.channel import FrameChannel, Outbox
 from server.compaction_runner import compaction_for
 from server.errors import BadFrame, Busy, UnknownRoute, UnknownSession, error_frame
 from server.history import ChatMessage, Image
 from server.images import decode_images
 from server.lease import Claim
-from server.live_redis import InstanceLost, LiveUnavailable, RedisChannel, RedisLive
+from server.live_redis import RedisChannel, RedisLive
+from server.live_turns import LiveTurns
 from server.protocol import ImagePayload, server_frame
 from server.routing import Route
 from server.runtime import Runtime
@@ -47,19 +48,12 @@ def new_session_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def lost_turn(orphan: Claim) -> Frame:
-    return error_frame(InstanceLost("the server writing this reply stopped; the text so far is kept, "
-                                    "marked interrupted"), turn_id=orphan.turn_id)
-
-
 class SessionHub:
     def __init__(self, rt: Runtime, live: RedisLive | None = None) -> None:
         self.rt = rt
         self.live = live
-        if live is not None:
-            live.on_control = self.on_control
-            live.on_orphan = lambda session_id, claim: self.spawn(self.take_over, session_id, claim)
         self.sessions: dict[str, Session] = {}
+        self.live_turns = LiveTurns(live, self.sessions, self.spawn) if live is not None else None
         self.compaction = compaction_for(rt.options)
         self.coalesce_seconds = rt.settings.server.coalesce_ms / 1000
         self._pending_restore: set[str] = set()
@@ -146,7 +140,8 @@ class SessionHub:
         replayed = await session.channel.join(
             outbox, last_seq if resumed else None,
             head=lambda seq: session_frame(session, resumed=resumed, seq=seq, routes=routes),
-            snapshot=lambda: [history_frame(session)], turn=await self._remote_turn(session))
+            snapshot=lambda: [history_frame(session)],
+            turn=await self.live_turns.remote_turn(session) if self.live_turns else None)
         if not replayed:
             # In the background: a window discovery on a slow provider must not hold the reader.
             self.spawn(self.after_hello, session)
@@ -178,8 +173,8 @@ class SessionHub:
         channel = session.channel if session else self._shared_channel(session_id)
         if channel is not None:
             channel.emit(error_frame(UnknownSession("this session was deleted; start a new chat")))
-        if session is None and self.live is not None:
-            self.spawn(self._stop_remote, session_id)
+        if session is None and self.live_turns is not None:
+            self.spawn(self.live_turns.stop_remote, session_id)
 
     async def renamed(self, session_id: str) -> None:
         """The session was renamed through the API: its open tabs (on any instance) show the new title."""
@@ -215,8 +210,8 @@ class SessionHub:
         session = self.sessions.get(session.id, session)
         if session.turn is not None:
             session.turn.cancel_scope.cancel()
-        elif remote and self.live is not None:
-            self.spawn(self._stop_remote, session.id)
+        elif remote and self.live_turns is not None:
+            self.spawn(self.live_turns.stop_remote, session.id)
 
     async def submit(self, session: Session, message_id: str, content: str,
                      payloads: list[ImagePayload], retry_of: str | None = None) -> None:
@@ -236,18 +231,18 @@ class SessionHub:
         handle = session.turn = TurnHandle(turn_id, anyio.CancelScope())
         claim: Claim | None = None
         try:
-            claim = await self._claim(session, turn_id)
+            claim = await self.live_turns.claim(session, turn_id) if self.live_turns else None
             route, text = await self._accept(session, message_id, content, images, turn_id, retry_of)
         except BaseException:
             session.turn = None
-            if claim is not None:
+            if claim is not None and self.live_turns is not None:
                 with anyio.CancelScope(shield=True):
-                    await self._release(session, claim)
+                    await self.live_turns.release(session, claim)
             raise
         await self._maybe_title(session, text)
         turn = Turn(self.rt, session, turn_id, route, self.compaction)
-        if claim is not None:
-            self.spawn(self._heartbeat, session, handle, claim)
+        if claim is not None and self.live_turns is not None:
+            self.spawn(self.live_turns.heartbeat, session, handle, claim)
         self.spawn(self._run_turn, session, turn, handle, claim)
 
     async def _accept(self, session: Session, message_id: str, content: str, images: list[Image],
@@ -287,9 +282,9 @@ class SessionHub:
         finally:
             session.turn = None
             handle.done.set()
-            if claim is not None:
+            if claim is not None and self.live_turns is not None:
                 with anyio.CancelScope(shield=True):
-                    await self._release(session, claim)
+                    await self.live_turns.release(session, claim)
         if turn.route != session.route:
             await session.emit_meter(session.route, "done")
 
@@ -310,92 +305,8 @@ class SessionHub:
         return fresh
 
     def _forget_idle(self, session: Session) -> None:
-        """Live mode keeps only sessions watched or running here: another instance may change the
-        rest, so they are read from the store again when next opened."""
-        if self.live is not None and not session.channel.watched and session.turn is None:
-            if self.sessions.get(session.id) is session:
-                del self.sessions[session.id]
+        if self.live_turns is not None:
+            self.live_turns.forget_idle(session)
 
     def _shared_channel(self, session_id: str) -> FrameChannel | None:
         return self.live.channel(session_id) if self.live is not None else None
-
-    async def _remote_turn(self, session: Session) -> tuple[int, Callable[[], list[Frame]]] | None:
-        """A turn running on another instance: where its frames start, and the snapshot without it."""
-        if self.live is None or session.turn is not None:
-            return None
-        claim = await self.live.lease.holder(session.id)
-        if claim is None or claim.instance == self.live.instance:
-            return None
-
-        def before() -> list[Frame]:
-            frame = history_frame(session)
-            kept = [m for m in frame["messages"] if m.get("turn_id") != claim.turn_id]
-            return [{**frame, "messages": kept}]
-        return claim.start, before
-
-    async def _claim(self, session: Session, turn_id: str) -> Claim | None:
-        if self.live is None:
-            return None
-        got = await self.live.lease.acquire(session.id, turn_id)
-        if got is None:
-            raise Busy("a reply is still being written in this session (on another server); stop it or wait")
-        claim, orphan = got
-        if orphan is not None:  # a dead instance's turn nobody closed: close it before the new one
-            session.emit(lost_turn(orphan))
-        return claim
-
-    async def _release(self, session: Session, claim: Claim) -> None:
-        assert self.live is not None
-        try:
-            await self.live.lease.release(session.id, claim)
-        except LiveUnavailable as exc:  # the lease expires by itself
-            log.warning("live: lease of session %s not released: %s", session.id, exc)
-        self._forget_idle(session)
-
-    async def _heartbeat(self, session: Session, handle: TurnHandle, claim: Claim) -> None:
-        assert self.live is not None
-        beat = self.live.lease.ttl_ms / 3000
-        while not handle.done.is_set():
-            with anyio.move_on_after(beat):
-                await handle.done.wait()
-            if handle.done.is_set():
-                return
-            try:
-                ours = await self.live.lease.extend(session.id, claim)
-            except LiveUnavailable:
-                continue  # Redis is away (the tail tells the clients); try again next beat
-            if not ours:  # taken over: another instance closed this turn; stop writing it
-                log.warning("live: lease of turn %s lost; stopping it", claim.turn_id)
-                handle.cancel_scope.cancel()
-                return
-
-    async def _stop_remote(self, session_id: str) -> None:
-        assert self.live is not None
-        claim = await self.live.lease.holder(session_id)
-        if claim is not None and claim.instance != self.live.instance:
-            await self.live.send_control(claim.instance, {"op": "stop", "session_id": session_id,
-                                                          "turn_id": claim.turn_id})
-
-    def on_control(self, message: dict[str, Any]) -> None:
-        """A request from another instance for a turn running here."""
-        session = self.sessions.get(str(message.get("session_id")))
-        if message.get("op") == "stop" and session is not None and session.turn is not None \
-                and session.turn.turn_id == message.get("turn_id"):
-            session.turn.cancel_scope.cancel()
-
-    async def take_over(self, session_id: str, orphan: Claim) -> None:
-        """The instance running a turn died: close the turn (its reply so far is in the store,
-        marked interrupted) and tell every client of the session."""
-        assert self.live is not None
-        claim = await self.live.lease.take_over(session_id, orphan, uuid.uuid4().hex[:12])
-        if claim is None:
-            return  # another instance did it, or the turn came back to life
-        try:
-            channel = self.live.channel(session_id)
-            channel.stale = True  # the store holds what the lost instance flushed
-            log.warning("live: instance %s lost turn %s of session %s; closing it", orphan.instance,
-                        orphan.turn_id, session_id)
-            channel.emit(lost_turn(orphan))
-            await channel.settle()
-        finally:
-            await self.live.lease.release(session_id, claim)
