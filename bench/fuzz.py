@@ -296,7 +296,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         # The capture joins after start-up: uvicorn's logging set-up removes handlers it finds.
         demo = {"providers": {"demo": {**DEMO, "context_window": args.window}}}
-        with serve(settings_for(Path(folder), demo)) as address, LogCapture() as logs:
+        # As fast as it can: the frame-rate limit is lifted (it answers a flood with rate_limited).
+        with serve(settings_for(Path(folder), demo, frame_rate=1e9, frame_burst=1_000_000)) as address, \
+                LogCapture() as logs:
             run = FuzzRun(address, reuse_stored_ids=args.reuse_stored_ids)
             started = time.perf_counter()
             rounds = 0

@@ -1,70 +1,66 @@
-"""Memory a live session holds as it streams: ``python bench/memory.py [--quick]``.
+"""Memory a live session holds as it streams, measured as RSS: ``python bench/memory.py [--quick]``.
 
-Streams replies of 400 chunks through ``Session.emit`` (the frame log for resume) and keeps the
-transcript and ledger as a session does, for 10, 100 and 1,000 turns. Prints the Python heap the
-session holds (tracemalloc) against the baseline measured in the same run: the bytes of text the
-turns contain. The frame log is bounded by ``FRAME_LOG_BYTES``, so the held memory should grow with
-the transcript (the text itself), not with every frame ever sent. Printed, never asserted.
-``--quick`` streams 2 and 10 turns (about a second), to check the bench still runs.
+Builds sessions in this process and streams chunk frames through ``Session.emit`` (numbering,
+serializing, the resume log) until each session's log is at its bound (``FRAME_LOG_BYTES``), then
+reads the process's resident memory (/proc/self/statm) before and after. Prints the RSS per session
+and per logged chunk against what the log says it holds (``FrameLog.bytes``, the figure the bound is
+enforced on): a ratio near 1.0 means the bound is true. Printed, never asserted. ``--quick`` runs
+2 sessions with a 256 KiB log (about a second), to check the bench still runs.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import sys
-import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from server.channel import FRAME_LOG_BYTES, FrameChannel  # noqa: E402
 from server.events import EventBus  # noqa: E402
-from server.history import TRIMMED, ChatMessage  # noqa: E402
 from server.routing import Route  # noqa: E402
 from server.session import Session  # noqa: E402
 
-CHUNKS = 400
-PIECE = "token "
+PIECES = ("token ", "the ", "of ", "and ", "meterchat ", "\n", "streams ", "a ")  # typical deltas
 
 
-def stream_turns(live: Session, turns: int) -> int:
-    text_bytes = 0
-    for n in range(turns):
-        turn_id = f"t{n}"
-        user = ChatMessage("user", f"question {n} " + "words " * 40, turn_id=turn_id)
-        live.add(user)
-        parts = []
-        for _ in range(CHUNKS):
-            parts.append(PIECE)
-            live.emit({"type": "chunk", "turn_id": turn_id, "content": PIECE})
-        reply = ChatMessage("assistant", "".join(parts), turn_id=turn_id)
-        live.add(reply)
-        for message in live.ledger.trim_turn_count(50).dropped:
-            message.left_out = TRIMMED
-        text_bytes += len(user.content) + len(reply.content)
-    return text_bytes
+def rss_bytes() -> int:
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def measure(turns: int) -> tuple[int, int, int]:
+def stream_to_cap(live: Session, chunks: int) -> None:
+    turn_id = os.urandom(6).hex()  # the 12 hex digits a turn id has
+    for n in range(chunks):
+        live.emit({"type": "chunk", "turn_id": turn_id, "content": PIECES[n % len(PIECES)]})
+
+
+def measure(sessions: int, log_bytes: int) -> tuple[int, int, int]:
+    """RSS grown, bytes the logs say they hold, chunks logged (over all sessions)."""
+    chunks = log_bytes // 60 * 2  # enough to fill the log and keep dropping its oldest
+    lives = []
     gc.collect()
-    tracemalloc.start()
-    live = Session("bench", "bench", Route("demo", "demo-small", "default"), [],
-                   channel=FrameChannel("bench", EventBus()))
-    text = stream_turns(live, turns)
+    before = rss_bytes()
+    for n in range(sessions):
+        channel = FrameChannel(f"s{n}", EventBus())
+        channel.log.limit_bytes = log_bytes
+        live = Session(f"s{n}", "bench", Route("demo", "demo-small", "default"), [], channel=channel)
+        stream_to_cap(live, chunks)
+        lives.append(live)
     gc.collect()
-    held, _ = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    return held, text, live.channel.log.bytes
+    grown = rss_bytes() - before
+    return grown, sum(live.channel.log.bytes for live in lives), sum(len(live.channel.log) for live in lives)
 
 
 def main(quick: bool = False) -> None:
-    print(f"{CHUNKS} chunks per reply; frame log bound {FRAME_LOG_BYTES / 2**20:.0f} MiB (estimated bytes)")
-    print(f"{'turns':>6} {'frames sent':>12} {'text (baseline)':>16} {'held':>12} {'held / text':>12}"
-          f" {'log bytes':>12}")
-    for turns in (2, 10) if quick else (10, 100, 1000):
-        held, text, log_bytes = measure(turns)
-        print(f"{turns:>6} {turns * CHUNKS:>12,} {text:>16,} {held:>12,} {held / text:>12.1f}"
-              f" {log_bytes:>12,}")
+    sessions, log_bytes = (2, 256 * 1024) if quick else (40, FRAME_LOG_BYTES)
+    grown, held, logged = measure(sessions, log_bytes)
+    print(f"{sessions} sessions, each streamed past its log bound of {log_bytes / 2**20:.2f} MiB")
+    print(f"RSS per session:        {grown / sessions / 2**20:8.2f} MiB")
+    print(f"log bytes per session:  {held / sessions / 2**20:8.2f} MiB (what the bound is enforced on)")
+    print(f"RSS per logged chunk:   {grown / logged:8.1f} B   counted per chunk: {held / logged:6.1f} B")
+    print(f"RSS / counted:          {grown / held:8.2f}x")
 
 
 if __name__ == "__main__":

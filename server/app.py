@@ -5,7 +5,8 @@ per profile, the route resolver, the observer bus and the session hub, and runs 
 group that outlives any single connection. Routes: ``/`` and ``/s/{session_id}`` (the page),
 ``/static``, ``/ws`` (protocol v1), ``/events`` (observer bus as SSE), ``/api/sessions...``,
 ``/healthz``. When ``server.auth_token`` is set, ``/ws``, ``/events`` and ``/api`` need it as a
-bearer token (``Authorization`` header or ``?token=``); ``/ws`` also checks the Origin.
+bearer token (``Authorization`` header or ``?token=``); ``/ws`` also checks the Origin
+(refused before the handshake) and closes a socket with a wrong token with 4401 after accepting it.
 
 The lifespan yields the shared services as typed state (``AppState``); handlers read them from
 ``request.state`` / ``websocket.state``. API errors become the one envelope through
@@ -38,6 +39,7 @@ from server.config import Settings, load_settings
 from server.connection import Connection
 from server.events import EventBus, sse_stream
 from server.hub import SessionHub
+from server.images import find_image, image_response
 from server.live_redis import RedisLive
 from server.providers import build_provider
 from server.routing import RouteResolver
@@ -54,6 +56,7 @@ PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-
 
 
 SUBPROTOCOL = "meterchat.v1"
+TOKEN_REFUSED = 4401  # the socket's 401: the token is missing or wrong
 BEARER_PREFIX = "bearer."
 
 
@@ -117,6 +120,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 if live is not None:
                     await live.start(tasks, rt.resolver)
                 hub = SessionHub(rt, live)
+                app.state.drain = hub.drain  # awaited first on SIGTERM (server.serving.DrainingServer)
                 yield {"store": store, "on_change": live_sessions_follow(hub), "hub": hub, "bus": rt.bus}
                 tasks.cancel_scope.cancel()
         finally:
@@ -126,19 +130,27 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 await provider.aclose()
             await store.close()
 
+    # Values the page would otherwise copy into its JavaScript (templates/index.html's page-config).
+    page_config = {"subprotocol": SUBPROTOCOL, "max_image_bytes": settings.runtime.max_image_bytes}
+
     async def page(request: Request) -> Response:
         response = templates.TemplateResponse(request, "index.html", {
-            "static_prefix": "/static", "auth_required": bool(settings.server.auth_token)})
+            "static_prefix": "/static", "auth_required": bool(settings.server.auth_token),
+            "page_config": page_config})
         response.headers["Content-Security-Policy"] = PAGE_POLICY
         return response
 
     async def websocket_endpoint(websocket: WebSocket[AppState]) -> None:
-        if not authorized(websocket, settings.server.auth_token) or \
-                not origin_allowed(websocket, settings.server.allowed_origins):
-            await websocket.close(code=1008, reason="unauthorized")
+        if not origin_allowed(websocket, settings.server.allowed_origins):
+            await websocket.close(code=1008, reason="origin not allowed")
             return
         offered = offered_subprotocols(websocket)
         await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+        if not authorized(websocket, settings.server.auth_token):
+            # Accepted first: a browser sees the close code of an accepted socket only, and 4401
+            # tells the page to ask for the token again instead of reconnecting for good.
+            await websocket.close(code=TOKEN_REFUSED, reason="unauthorized")
+            return
         await Connection(websocket, websocket.state["hub"]).run()
 
     async def healthz(request: Request) -> Response:
@@ -149,6 +161,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/", page), Route("/s/{session_id}", page), Route("/healthz", healthz),
         Route("/events", events), WebSocketRoute("/ws", websocket_endpoint),
         Mount("/static", StaticFiles(directory=str(ROOT / "static")), name="static"),
+        Route("/api/sessions/{session_id}/images/{message_id}/{n:int}", session_image),
         *api_routes(),
     ], lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
     app.add_middleware(BearerAuth, token=settings.server.auth_token)
@@ -162,6 +175,13 @@ def create_app(settings: Settings | None = None) -> Starlette:
 async def events(request: Request[AppState]) -> Response:
     return StreamingResponse(sse_stream(request.state["bus"]), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
+
+
+async def session_image(request: Request[AppState]) -> Response:
+    """An attached image, by URL (``server.views.image_url``); ``/api``'s token guards it."""
+    params = request.path_params
+    messages = await request.state["hub"].messages_of(params["session_id"])
+    return image_response(find_image(messages, params["message_id"], params["n"]))
 
 
 def live_sessions_follow(hub: SessionHub) -> OnChange:
@@ -181,8 +201,8 @@ UNAUTHORIZED = JSONResponse(error_body("unauthorized", "bearer token required"),
 
 
 class BearerAuth:
-    """Bearer-token guard for ``/api`` and ``/events``; the socket checks for itself (with the
-    Origin), since a refused WebSocket is closed with 1008, not answered with a 401."""
+    """Bearer-token guard for ``/api`` and ``/events``; the socket checks for itself, since a
+    WebSocket with a wrong token is accepted and closed with 4401, not answered with a 401."""
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app

@@ -13,11 +13,14 @@ Contract:
   count are ignored (a provider that reports 0 input tokens says nothing about its tokenizer).
 - A route never observed has ratio 1, so ``apply`` returns the estimate unchanged.
 - Routes are keyed by ``provider/model`` only: a hint or fallback call on the same pair shares it.
+- At most ``limit`` routes are kept, the least recently observed forgotten first (a forgotten route
+  starts again at ratio 1).
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from typing import Protocol
 
 RATIO_MIN = 0.25
@@ -63,16 +66,23 @@ class Calibration:
 class Calibrations:
     """One ``Calibration`` per provider/model route, created on first observation."""
 
-    def __init__(self, alpha: float = DEFAULT_ALPHA) -> None:
+    def __init__(self, alpha: float = DEFAULT_ALPHA, limit: int = 512) -> None:
         self._alpha = alpha
-        self._by_route: dict[str, Calibration] = {}
+        self._limit = max(1, limit)
+        self._by_route: OrderedDict[str, Calibration] = OrderedDict()
 
     def observe(self, route: _Named | str, estimate: int, reported: int) -> None:
         key = _key(route)
         calibration = self._by_route.get(key)
         if calibration is None:
             calibration = self._by_route[key] = Calibration(self._alpha)
+        self._by_route.move_to_end(key)
+        while len(self._by_route) > self._limit:
+            self._by_route.popitem(last=False)
         calibration.observe(estimate, reported)
+
+    def __len__(self) -> int:
+        return len(self._by_route)
 
     def apply(self, route: _Named | str, estimate: int) -> int:
         calibration = self._by_route.get(_key(route))

@@ -1,15 +1,23 @@
 """The frame channel of one session: seq numbering, the resume log and the fan-out.
 
-``FrameChannel.emit`` numbers every frame (``seq``), keeps the recent ones in a size-bounded
-``FrameLog`` and pushes them to every attached ``Outbox`` (several tabs may watch one session) and to
-the observer bus. ``attach(outbox, last_seq, ...)`` decides what a joining client receives first: the
-frames it missed, or a fresh snapshot when the log no longer reaches back. ``emit``, ``join`` (the
-awaitable ``attach``) and ``detach`` are the whole interface a shared bus implements to spread a
-session over servers: ``live_redis.RedisChannel`` does, on Redis streams.
+``FrameChannel.emit`` numbers every frame (``seq``), serializes it once into a ``Packet`` (the text
+every socket sends; no encoding per connection), keeps the recent texts in a size-bounded
+``FrameLog`` and pushes the packet to every attached ``Outbox`` (several tabs may watch one session)
+and the frame to the observer bus. ``attach(outbox, last_seq, ...)`` decides what a joining client
+receives first: the frames it missed, or a fresh snapshot when the log no longer reaches back.
+``emit``, ``join`` (the awaitable ``attach``) and ``detach`` are the whole interface a shared bus
+implements to spread a session over servers: ``live_redis.RedisChannel`` does, on Redis streams.
+
+Sizes are true, not estimated: the log counts what its texts hold in memory (``sys.getsizeof`` plus
+the deque slot and allocator rounding, measured with bench/memory.py), an outbox counts the bytes
+each frame takes on the wire.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+import sys
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -19,73 +27,128 @@ import anyio
 from server.events import EventBus
 
 FRAME_LOG_BYTES = 2 * 1024 * 1024  # per session: long enough to resume a long reply
-FRAME_OVERHEAD_BYTES = 320  # what a small frame dict costs in memory (measured: bench/memory.py)
-OUTBOX_LIMIT = 50000
+# Per logged text beyond sys.getsizeof: its deque slot (8.25 bytes) and pymalloc's rounding to
+# 16 bytes (7.5 on average); measured with bench/memory.py.
+LOG_ENTRY_OVERHEAD = 16
+MAX_OUTBOX_BYTES = 8 * 1024 * 1024
 
 Frame = dict[str, Any]
 
 
-class Outbox:
-    """Frames waiting for one socket's writer."""
+def serialize(frame: Frame) -> str:
+    return json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
 
-    def __init__(self) -> None:
-        self.frames: deque[Frame] = deque()
+
+def entry_bytes(text: str) -> int:
+    """What one logged text holds in memory."""
+    return sys.getsizeof(text) + LOG_ENTRY_OVERHEAD
+
+
+def wire_size(text: str) -> int:
+    """UTF-8 bytes of ``text``; an ASCII string (the usual frame) is counted without encoding."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+class Packet:
+    """One frame ready for the wire. ``frame`` is kept for a chunk only (coalescing joins chunks);
+    a replayed packet has none, so resume sends exactly the frames that were logged."""
+
+    __slots__ = ("seq", "text", "size", "frame")
+
+    def __init__(self, seq: int, text: str, frame: Frame | None = None) -> None:
+        self.seq = seq
+        self.text = text
+        self.size = wire_size(text)
+        self.frame = frame
+
+    @classmethod
+    def of(cls, frame: Frame) -> Packet:
+        return cls(frame.get("seq", 0), serialize(frame), frame if frame["type"] == "chunk" else None)
+
+    def decoded(self) -> Frame:
+        """The frame back from its text (tests and tools; never on the hot path)."""
+        frame: Frame = json.loads(self.text)
+        return frame
+
+
+class Outbox:
+    """Packets waiting for one socket's writer, bounded in wire bytes: a client that falls
+    ``limit_bytes`` behind is cut off (``overflowed``) and resumes by seq when it reconnects."""
+
+    def __init__(self, limit_bytes: int = MAX_OUTBOX_BYTES) -> None:
+        self.frames: deque[Packet] = deque()
+        self.limit_bytes = limit_bytes
+        self.bytes = 0  # queued or taken by the writer and not yet handed to the socket
         self._ready = anyio.Event()
-        self.overflowed = False
-        self.ending = False  # closing on purpose: what is queued is still sent
-        self.close_reason = "client too slow; reconnect with last_seq"
+        self.overflow = anyio.Event()
+        self.ending: str | None = None  # why the socket closes on purpose once what is queued is sent
 
     def end(self, reason: str) -> None:
-        """Have the writer close the socket after what is queued; the client resumes by seq."""
-        self.close_reason = reason
-        self.overflowed = self.ending = True
+        """Have the writer close the socket (1013) after what is queued; the client resumes by seq."""
+        self.ending = reason
         self._ready.set()
 
-    def push(self, frame: Frame) -> None:
-        if len(self.frames) >= OUTBOX_LIMIT:
-            self.overflowed = True  # the writer closes the socket; the client resumes by seq
-        self.frames.append(frame)
+    @property
+    def overflowed(self) -> bool:
+        return self.overflow.is_set()
+
+    def push(self, packet: Packet) -> None:
+        self.frames.append(packet)
+        self.bytes += packet.size
+        if self.bytes > self.limit_bytes:
+            self.overflow.set()
         self._ready.set()
+
+    def take(self) -> list[Packet]:
+        """Everything queued; the writer calls ``sent`` as each leaves."""
+        packets = list(self.frames)
+        self.frames.clear()
+        return packets
+
+    def sent(self, size: int) -> None:
+        self.bytes -= size
 
     async def wait(self) -> None:
-        while not self.frames and not self.overflowed:
+        while not self.frames and self.ending is None:
             await self._ready.wait()
             self._ready = anyio.Event()
 
 
-def frame_bytes(frame: Frame) -> int:
-    """A cheap stand-in for a frame's size: its texts plus a fixed overhead."""
-    size = FRAME_OVERHEAD_BYTES
-    for key in ("content", "output", "full_response", "message"):
-        value = frame.get(key)
-        if isinstance(value, str):
-            size += len(value)
-    return size
-
-
 class FrameLog:
-    """The most recent frames of a session, bounded by size, for replay to a reconnecting client."""
+    """The texts of a session's most recent frames (consecutive seqs), bounded by the memory they
+    hold, for replay to a reconnecting client."""
 
     def __init__(self, limit_bytes: int = FRAME_LOG_BYTES) -> None:
-        self._frames: deque[tuple[Frame, int]] = deque()
+        self._texts: deque[str] = deque()  # only the texts: one object per logged frame
+        self.first_seq = 0  # seq of the oldest text kept
         self.limit_bytes = limit_bytes
         self.bytes = 0
 
-    def append(self, frame: Frame) -> None:
-        size = frame_bytes(frame)
-        self._frames.append((frame, size))
-        self.bytes += size
-        while self.bytes > self.limit_bytes and len(self._frames) > 1:
-            self.bytes -= self._frames.popleft()[1]
+    def append(self, seq: int, text: str) -> None:
+        if self._texts and seq != self.first_seq + len(self._texts):
+            self.clear()  # a gap: the log cannot replay across it
+        if not self._texts:
+            self.first_seq = seq
+        self._texts.append(text)
+        self.bytes += entry_bytes(text)
+        while self.bytes > self.limit_bytes and len(self._texts) > 1:
+            self.bytes -= entry_bytes(self._texts.popleft())  # the same size it was counted with
+            self.first_seq += 1
 
-    def after(self, last_seq: int) -> list[Frame] | None:
-        """Frames after ``last_seq``, or None when the log no longer reaches back that far."""
-        if not self._frames or self._frames[0][0]["seq"] > last_seq + 1:
+    def clear(self) -> None:
+        self._texts.clear()
+        self.bytes = 0
+
+    def after(self, last_seq: int) -> list[Packet] | None:
+        """Packets after ``last_seq``, or None when the log no longer reaches back that far."""
+        if not self._texts or self.first_seq > last_seq + 1:
             return None
-        return [frame for frame, _ in self._frames if frame["seq"] > last_seq]
+        skip = max(last_seq + 1 - self.first_seq, 0)
+        texts = itertools.islice(self._texts, skip, None)
+        return [Packet(seq, text) for seq, text in enumerate(texts, self.first_seq + skip)]
 
     def __len__(self) -> int:
-        return len(self._frames)
+        return len(self._texts)
 
 
 class FrameChannel:
@@ -105,14 +168,15 @@ class FrameChannel:
     def emit(self, frame: Frame) -> Frame:
         self.seq += 1
         frame["seq"] = self.seq  # frames are built fresh for each emit; no copy on the hot path
-        self.log.append(frame)
+        packet = Packet.of(frame)  # serialized once for every socket and the log
+        self.log.append(self.seq, packet.text)
         for outbox in self._outboxes:
-            outbox.push(frame)
+            outbox.push(packet)
         self._bus.publish(self.session_id, frame)
         return frame
 
-    def replay_after(self, last_seq: int) -> list[Frame] | None:
-        """Frames after ``last_seq``, or None when the log no longer reaches back that far."""
+    def replay_after(self, last_seq: int) -> list[Packet] | None:
+        """Packets after ``last_seq``, or None when the log no longer reaches back that far."""
         if last_seq > self.seq or last_seq < self.first_seq:
             return None  # a number from another incarnation of this session (or none at all)
         if last_seq == self.seq:
@@ -126,11 +190,11 @@ class FrameChannel:
         whether it was a replay. Synchronous on purpose: no frame can fall in between."""
         replay = self.replay_after(last_seq) if last_seq is not None else None
         if replay is not None and last_seq is not None:
-            first = [head(last_seq), *replay]
+            first = [Packet.of(head(last_seq)), *replay]
         else:
-            first = [head(self.seq), *snapshot()]
-        for frame in first:
-            outbox.push(frame)
+            first = [Packet.of(frame) for frame in (head(self.seq), *snapshot())]
+        for packet in first:
+            outbox.push(packet)
         self._outboxes.add(outbox)
         return replay is not None
 

@@ -17,6 +17,7 @@ from server.access import exposure_problem
 from server.config import load_settings
 from server.errors import ConfigError
 from server.routing import RouteResolver
+from server.serving import DrainingServer, redact_logs, uvicorn_options
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -46,15 +47,23 @@ def main(argv: list[str] | None = None) -> None:
     refuse_exposure(host, settings.server.auth_token, args.insecure_no_auth)
     # The Host allow-list admits the bound address: it must be the one actually bound.
     settings = replace(settings, server=replace(settings.server, host=host, port=port))
+    try:
+        app = create_app(settings)  # a database that cannot be used stops start-up here, in one line
+    except ConfigError as exc:
+        print(f"meterchat: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
     print(f"meterchat: serving on http://{host}:{port}/ ({settings.source}; default route "
           f"{settings.default_route})", file=sys.stderr, flush=True)
     # No per-message deflate: chat frames are small and many, so compressing each costs more CPU
-    # than it saves on a local or LAN link. Loop, parser and WebSocket implementation were chosen by
-    # bench/load.py (docs/performance.md): "auto" takes uvloop and httptools, which pyproject installs
-    # where they build, and falls back to asyncio and h11 elsewhere.
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=args.log_level,
-                loop="auto", http="auto", ws="websockets-sansio",
-                ws_max_size=16 * 1024 * 1024, ws_per_message_deflate=False)
+    # than it saves on a local or LAN link. Loop and WebSocket implementation were chosen by
+    # bench/load.py (docs/performance.md): "auto" takes uvloop where pyproject installs it. The HTTP
+    # parser is h11 with a deadline on request heads (server.serving.guarded_h11, slowloris).
+    config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level,
+                            loop="auto", ws="websockets-sansio",
+                            ws_max_size=16 * 1024 * 1024, ws_per_message_deflate=False,
+                            **uvicorn_options(settings.server))
+    redact_logs(profile.api_key for profile in settings.providers.values())
+    DrainingServer(config, app).run()
 
 
 def refuse_exposure(host: str, auth_token: str, insecure: bool) -> None:

@@ -49,6 +49,10 @@ def required(help: str) -> Any:
     return field(metadata={"help": help})
 
 
+# Server bounds that must be positive (idle_timeout_seconds takes 0 for "never").
+_POSITIVE_SERVER_SETTINGS = ("max_outbox_bytes", "max_connections", "hello_timeout_seconds", "frame_rate",
+                             "frame_burst", "header_timeout_seconds", "max_header_bytes",
+                             "history_page_messages", "route_cache_entries")
 # Provider limits that must be positive: 0 would mean "never" or "nothing", not "off".
 _POSITIVE_PROVIDER_SETTINGS = ("idle_timeout_seconds", "max_line_bytes", "max_connections",
                                "pool_timeout_seconds")
@@ -62,16 +66,31 @@ class ServerSettings:
     auth_token: str = setting("", "When set, /ws, /events and /api need this bearer token.")
     allowed_hosts: list[str] = setting([], "Extra Host names served (*.example.com matches subdomains).")
     allowed_origins: list[str] = setting([], "Extra Origin values allowed to open /ws and change /api.")
-    coalesce_ms: int = setting(0, "Join chunk frames arriving within this many ms; 0 = off.")
+    coalesce_ms: int = setting(0, "Wait this many ms to join chunk frames; 0 = no wait (chunks that "
+                               "pile up while the server is busy are joined anyway).")
+    max_outbox_bytes: int = setting(8 * 1024 * 1024, "A client this many bytes behind is closed (1008); "
+                                    "it resumes by seq when it reconnects.")
     store_flush_ms: int = setting(250, "How often a streaming reply is written to the store.")
     keep_generating: bool = setting(True, "Keep generating when the browser disconnects.")
+    # Bounds: each a safe default (issue 9); 0 is refused where it would mean "nothing allowed".
+    max_connections: int = setting(2000, "Open /ws connections at once; one more is closed with 1013.")
+    hello_timeout_seconds: float = setting(10.0, "A /ws connection with no hello this long is closed.")
+    idle_timeout_seconds: float = setting(3600.0, "Close /ws (1001) after this long without a client frame "
+                                          "while no reply streams; 0 = never.")
+    frame_rate: float = setting(20.0, "Client frames per second a connection may send (token bucket).")
+    frame_burst: int = setting(60, "Client frames a connection may send at once above frame_rate.")
+    header_timeout_seconds: float = setting(10.0, "Each HTTP request head must arrive within this.")
+    max_header_bytes: int = setting(64 * 1024, "Largest HTTP request head accepted.")
+    shutdown_grace_seconds: float = setting(5.0, "SIGTERM: time to store replies and close streams.")
+    history_page_messages: int = setting(200, "Messages per history page; older ones on history_before.")
+    route_cache_entries: int = setting(512, "Routes whose discovered window and calibration are kept (LRU).")
 
 
 @dataclass(frozen=True)
 class StoreSettings:
     url: str = setting("", "postgresql://USER@HOST:PORT/DB for the shared store; empty = SQLite.")
     pool_size: int = setting(10, "Most PostgreSQL connections one server holds.")
-    timeout_seconds: float = setting(10.0, "How long a write waits for PostgreSQL before failing.")
+    timeout_seconds: float = setting(10.0, "How long a write waits (PostgreSQL, or a locked SQLite file).")
 
 
 @dataclass(frozen=True)
@@ -355,6 +374,9 @@ def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None
         if key != "rules":
             raise ConfigError(f"classifier.{key}: unknown setting")
     server = _read_section(data, "server", env)
+    for key in _POSITIVE_SERVER_SETTINGS:  # a zero bound would refuse everything, not switch it off
+        if server[key] <= 0:
+            raise ConfigError(f"server.{key}: must be greater than 0, got {server[key]!r}")
     if "METERCHAT_DATA_DIR" in env:
         server["data_dir"] = env["METERCHAT_DATA_DIR"]
     runtime = _read_section(data, "runtime", env)

@@ -18,20 +18,23 @@ instead. Connection-local ``error`` frames carry the current ``seq`` without adv
 from __future__ import annotations
 
 import enum
-import json
 import logging
 from typing import Any
 
 import anyio
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from server.channel import Frame, Outbox
-from server.errors import BadFrame, MeterchatError, error_frame
+from server.channel import Frame, Outbox, Packet
+from server.errors import BadFrame, FrameFlood, MeterchatError, error_frame
 from server.hub import SessionHub
+from server.lease import LiveUnavailable
+from server.limits import TokenBucket
 from server.protocol import MAX_FRAME_BYTES, ClientFrame, parse_client_frame
 from server.session import Session
 
 log = logging.getLogger(__name__)
+
+CLOSE_SECONDS = 10.0  # how long a 1008 close may wait for a socket the client stopped reading
 
 
 class ConnState(enum.Enum):
@@ -40,16 +43,37 @@ class ConnState(enum.Enum):
     CLOSED = "closed"
 
 
-def coalesce(frames: list[Frame]) -> list[Frame]:
-    """Join runs of chunk frames of one turn into one frame carrying the last seq."""
-    joined: list[Frame] = []
-    for frame in frames:
-        last = joined[-1] if joined else None
-        if (last is not None and frame["type"] == "chunk" and last["type"] == "chunk"
-                and last["turn_id"] == frame["turn_id"]):
-            joined[-1] = {**last, "content": last["content"] + frame["content"], "seq": frame["seq"]}
+def coalesce(packets: list[Packet]) -> list[Packet]:
+    """Join runs of chunk packets of one turn into one frame carrying the last seq (a run of one
+    leaves as it came: its text is the one the channel serialized)."""
+    joined: list[Packet] = []
+    run: list[Packet] = []
+    for packet in packets:
+        if run and not same_turn_chunk(run[-1], packet):
+            joined.append(join_run(run))
+            run = []
+        if packet.frame is not None:
+            run.append(packet)
         else:
-            joined.append(frame)
+            joined.append(packet)
+    if run:
+        joined.append(join_run(run))
+    return joined
+
+
+def same_turn_chunk(last: Packet, packet: Packet) -> bool:
+    return (packet.frame is not None and last.frame is not None
+            and packet.frame["turn_id"] == last.frame["turn_id"])
+
+
+def join_run(run: list[Packet]) -> Packet:
+    if len(run) == 1:
+        return run[0]
+    last = run[-1].frame
+    assert last is not None
+    content = "".join(p.frame["content"] for p in run if p.frame is not None)
+    joined = Packet.of({**last, "content": content})
+    joined.size = sum(p.size for p in run)  # what the outbox counted for the run
     return joined
 
 
@@ -59,28 +83,37 @@ class Connection:
         self.hub = hub
         self.state = ConnState.AWAITING_HELLO
         self.session: Session | None = None
-        self.outbox = Outbox()
+        self.outbox = Outbox(hub.rt.settings.server.max_outbox_bytes)
         self.coalesce_seconds = hub.coalesce_seconds
+        self.limits = hub.rt.settings.server
+        self.bucket = TokenBucket(self.limits.frame_rate, self.limits.frame_burst)
+        self.flooding = False  # one rate_limited answer per run of refused frames, not one each
 
     async def run(self) -> None:
+        if not self.hub.admit():
+            await self.ws.close(code=1013, reason="server at max_connections; try again later")
+            return
         try:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(self.write_loop)
                 await self.read_loop()
                 tasks.cancel_scope.cancel()
         finally:
+            self.hub.release()
             self.state = ConnState.CLOSED
             if self.session is not None:
                 self.hub.detach(self.session, self.outbox)
 
     def send_local(self, frame: Frame) -> None:
-        self.outbox.push({**frame, "seq": self.session.seq if self.session else 0})
+        self.outbox.push(Packet.of({**frame, "seq": self.session.seq if self.session else 0}))
 
     async def read_loop(self) -> None:
         while True:
-            message = await self.ws.receive()
-            if message["type"] == "websocket.disconnect":
+            message = await self.receive()
+            if message is None or message["type"] == "websocket.disconnect":
                 return
+            if not self.within_rate():
+                continue
             raw = message.get("text")
             if raw is None:
                 self.send_local(error_frame(BadFrame("binary frames are not part of protocol v1")))
@@ -89,6 +122,39 @@ class Connection:
                 self.send_local(error_frame(BadFrame(f"frame larger than {MAX_FRAME_BYTES} bytes")))
                 continue
             await self.handle_text(raw)
+
+    async def receive(self) -> dict[str, Any] | None:
+        """The next message from the client, or None once the connection was closed for idling: no
+        hello in time, or no frame for ``idle_timeout_seconds`` while no reply streams."""
+        while True:
+            waited = self.read_timeout()
+            with anyio.move_on_after(waited):
+                return dict(await self.ws.receive())
+            if self.state is ConnState.AWAITING_HELLO:
+                await self.ws.close(code=1008, reason=f"no hello within {waited:g} s")
+                return None
+            if self.session is None or not self.session.busy:
+                await self.ws.close(code=1001, reason=f"idle for {waited:g} s; reconnect with last_seq")
+                return None
+
+    def read_timeout(self) -> float:
+        if self.state is ConnState.AWAITING_HELLO:
+            return self.limits.hello_timeout_seconds
+        return self.limits.idle_timeout_seconds or float("inf")
+
+    def within_rate(self) -> bool:
+        """Spend a token for this frame; a refused frame is dropped unread, and the first of a run
+        is answered with ``rate_limited``."""
+        wait = self.bucket.take()
+        if not wait:
+            self.flooding = False
+            return True
+        if not self.flooding:
+            self.flooding = True
+            self.send_local(error_frame(FrameFlood(
+                f"more than {self.limits.frame_rate:g} frames a second (burst {self.limits.frame_burst}); "
+                "frames are dropped until the rate falls", retry_after=round(wait, 3))))
+        return False
 
     async def handle_text(self, raw: str) -> None:
         frame: ClientFrame | None = None
@@ -115,45 +181,64 @@ class Connection:
             raise BadFrame("this connection already said hello; open a new connection for another session")
         if frame.type == "message":
             await self.hub.submit(session, frame.get("id"), frame.get("content"), frame.get("images"),
-                                  frame.get("retry_of"))
+                                  frame.get("retry_of"), frame.get("edit_of"))
         elif frame.type == "switch_model":
             await self.hub.switch(session, frame.get("route"))
         elif frame.type == "stop":
             self.hub.stop(session)
+        elif frame.type == "history_before":
+            self.send_local(self.hub.history_before(session, frame.get("before_id"), frame.get("limit")))
+        elif frame.type == "preview_edit":  # an answer for this client alone, like its errors
+            self.send_local(await self.hub.preview_edit(session, frame.get("turn_id")))
 
     async def hello(self, frame: ClientFrame) -> None:
         try:
             self.session = await self.hub.attach(self.outbox, frame.get("session_id"), frame.get("last_seq"))
-        except MeterchatError as exc:
-            if not exc.retryable:
-                raise
-            # A shared part (the live stream) is away: say so and close, so the client reconnects
-            # with its backoff instead of waiting on a socket that will never open the session.
+        except LiveUnavailable as exc:
+            # The live stream is away: say so and close, so the client reconnects with its backoff
+            # instead of waiting on a socket that will never open the session. A store outage is
+            # answered like any other error: the connection stays and the client may say hello again.
             self.send_local(error_frame(exc))
             self.outbox.end("try again later; reconnect with last_seq")
             return
         self.state = ConnState.OPEN
 
     async def write_loop(self) -> None:
-        while True:
-            await self.outbox.wait()
-            if self.outbox.overflowed:
-                if self.outbox.ending:  # e.g. the live stream went away: say why, then close
-                    await self.send_frames(list(self.outbox.frames))
-                await self.ws.close(code=1013, reason=self.outbox.close_reason)
-                return
-            if self.coalesce_seconds and self.outbox.frames[0]["type"] == "chunk":
-                await anyio.sleep(self.coalesce_seconds)
-            frames = list(self.outbox.frames)
-            self.outbox.frames.clear()
-            if not await self.send_frames(coalesce(frames) if self.coalesce_seconds else frames):
-                return
+        """Send what the outbox holds; a client that falls ``max_outbox_bytes`` behind is closed
+        with 1008 even while a send waits on its full socket, an ended outbox with 1013 once what
+        it holds is sent."""
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self.send_loop, tasks.cancel_scope)
+            await self.outbox.overflow.wait()
+            tasks.cancel_scope.cancel()
+        if self.outbox.overflowed:
+            await self.close(1008, "client too slow; reconnect with last_seq")
+        elif self.outbox.ending is not None:
+            await self.close(1013, self.outbox.ending)
 
-    async def send_frames(self, frames: list[Frame]) -> bool:
-        """False when the socket is gone."""
-        for frame in frames:
+    async def close(self, code: int, reason: str) -> None:
+        with anyio.move_on_after(CLOSE_SECONDS):  # a peer that never reads never takes the close
             try:
-                await self.ws.send_text(json.dumps(frame, ensure_ascii=False))
+                await self.ws.close(code=code, reason=reason)
             except (WebSocketDisconnect, RuntimeError):
-                return False
-        return True
+                pass
+
+    async def send_loop(self, done: anyio.CancelScope) -> None:
+        """Send until the socket is gone or the outbox was ended and is empty; then ``done``."""
+        outbox = self.outbox
+        try:
+            while True:
+                await outbox.wait()
+                if not outbox.frames:  # ended, and everything before the end is sent
+                    return
+                if self.coalesce_seconds and outbox.frames[0].frame is not None:
+                    await anyio.sleep(self.coalesce_seconds)
+                # Adaptive: chunks that piled up while the loop was busy leave as one frame.
+                for packet in coalesce(outbox.take()):
+                    try:
+                        await self.ws.send_text(packet.text)
+                    except (WebSocketDisconnect, RuntimeError):
+                        return
+                    outbox.sent(packet.size)
+        finally:
+            done.cancel()

@@ -11,7 +11,8 @@
     │   ├── UnknownSession          no stored session has that id
     │   ├── SessionExists           creating a session under an id already stored
     │   ├── ImportRejected          an exported session file of the wrong shape
-    │   └── TooLarge                a request body over its limit
+    │   ├── TooLarge                a request body over its limit
+    │   └── FrameFlood              a client sending frames faster than its rate limit
     ├── CapacityExceeded            the prepared request does not fit the known window
     ├── HistoryUnfit                overflow recovery could not drop any turn
     ├── StoreUnavailable            the database cannot be reached (PostgreSQL down or restarting)
@@ -85,6 +86,17 @@ class TooLarge(ClientError):
     code = "too_large"
 
 
+class FrameFlood(ClientError):
+    """Shares the provider's code: to a client, "slow down" is one answer whoever asks it."""
+
+    code = "rate_limited"
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class CapacityExceeded(MeterchatError):
     code = "capacity_exceeded"
 
@@ -156,7 +168,7 @@ def error_frame(exc: BaseException, *, turn_id: str | None = None) -> dict[str, 
     """The one shape every error takes on the wire: ``{type, code, message, retryable, turn_id?}``."""
     if isinstance(exc, MeterchatError):
         body: dict[str, Any] = {"code": exc.code, "message": exc.message, "retryable": exc.retryable}
-        if isinstance(exc, RateLimited) and exc.retry_after is not None:
+        if isinstance(exc, RateLimited | FrameFlood) and exc.retry_after is not None:
             body["retry_after"] = exc.retry_after
     else:
         body = {"code": "internal_error", "message": f"internal error: {type(exc).__name__}",

@@ -2,7 +2,9 @@
 
 ``EventBus.publish`` never blocks a turn: each subscriber has a bounded queue, and a subscriber
 that falls behind loses its oldest events (counted in ``dropped``) rather than slowing the server.
-``/events`` serves the bus as Server-Sent Events (``event: <type>``, ``data: <json>``).
+``/events`` serves the bus as Server-Sent Events (``event: <type>``, ``data: <json>``). ``close``
+(at shutdown) ends every stream once it has sent what it holds, so no subscriber holds the server
+open.
 """
 
 from __future__ import annotations
@@ -23,6 +25,15 @@ class Subscription:
         self._events: deque[dict[str, Any]] = deque(maxlen=limit)
         self._ready = anyio.Event()
         self.dropped = 0
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+        self._ready.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._events)
 
     def push(self, event: dict[str, Any]) -> None:
         if len(self._events) == self._events.maxlen:
@@ -30,8 +41,11 @@ class Subscription:
         self._events.append(event)
         self._ready.set()
 
-    async def next(self) -> dict[str, Any]:
+    async def next(self) -> dict[str, Any] | None:
+        """The next event; None once the subscription is closed and empty."""
         while not self._events:
+            if self.closed:
+                return None
             await self._ready.wait()
             self._ready = anyio.Event()
         return self._events.popleft()
@@ -41,6 +55,7 @@ class EventBus:
     def __init__(self, limit: int = 1000) -> None:
         self._subscribers: set[Subscription] = set()
         self._limit = limit
+        self.closed = False
 
     def publish(self, session_id: str, frame: dict[str, Any]) -> None:
         if frame.get("type") not in OBSERVED_TYPES or not self._subscribers:
@@ -51,8 +66,16 @@ class EventBus:
 
     def subscribe(self) -> Subscription:
         subscription = Subscription(self._limit)
+        if self.closed:
+            subscription.close()
         self._subscribers.add(subscription)
         return subscription
+
+    def close(self) -> None:
+        """The server is going away: every stream ends (a new one ends at once)."""
+        self.closed = True
+        for subscription in self._subscribers:
+            subscription.close()
 
     def unsubscribe(self, subscription: Subscription) -> None:
         self._subscribers.discard(subscription)
@@ -62,12 +85,13 @@ async def sse_stream(bus: EventBus, keepalive_seconds: float = 15.0) -> AsyncIte
     subscription = bus.subscribe()
     try:
         yield ": meterchat events\n\n"
-        while True:
+        while not subscription.closed or subscription.pending:
             event: dict[str, Any] | None = None
             with anyio.move_on_after(keepalive_seconds):
                 event = await subscription.next()
             if event is None:
-                yield ": keepalive\n\n"
+                if not subscription.closed:
+                    yield ": keepalive\n\n"
                 continue
             yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
     finally:

@@ -62,6 +62,9 @@ class ChatMessage:
     left_out: str | None = None
     interrupted: bool = False
     turn_id: str | None = None  # the user turn this message belongs to (set by the session)
+    created_at: str | None = None  # ISO-8601 UTC, stamped by the session when it joins the transcript
+    replaces: str | None = None  # on a user message: the turn it replaces (a retry, an edit)
+    thinking: str | None = None  # on a reply: the model's reasoning as streamed (never sent back)
     id: str = field(default_factory=_new_id)
     _text_tokens: int | None = field(default=None, repr=False)
 

@@ -9,7 +9,7 @@ the orphan sweep applied, and the trim is announced to the first client that ope
 Live mode (``[live] url``, several instances): sessions' channels are ``RedisChannel``s, a session
 another instance changed is read again from the store before it is used here, and ``LiveTurns``
 (live_turns.py) holds the lease of each turn, forwards ``stop`` and closes the turns of an instance
-that died (docs/deployment-live.md).
+that died (docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -22,26 +22,29 @@ from typing import Any
 
 import anyio
 
-from server.channel import FrameChannel, Outbox
+from server.channel import Frame, FrameChannel, Outbox
 from server.compaction_runner import compaction_for
-from server.errors import BadFrame, Busy, UnknownRoute, UnknownSession, error_frame
+from server.errors import BadFrame, Busy, StoreUnavailable, UnknownRoute, UnknownSession, error_frame
 from server.history import ChatMessage, Image
 from server.images import decode_images
 from server.lease import Claim
 from server.live_redis import RedisChannel, RedisLive
 from server.live_turns import LiveTurns
-from server.protocol import ImagePayload, server_frame
+from server.protocol import EDIT_PREVIEW, ImagePayload, echo, server_frame
 from server.routing import Route
 from server.runtime import Runtime
-from server.session import Session, TurnHandle
+from server.session import Session, TurnHandle, utc_now
+from server.store import StoredSession
 from server.turn import Turn
-from server.views import history_frame, session_frame
+from server.versions import Replaces
+from server.views import history_frame, history_page_frame, image_urls, session_frame
 
 log = logging.getLogger(__name__)
 
 DEFAULT_TITLE = "New chat"
 MODEL_COMMAND = "/model"
 MAX_CACHED_SESSIONS = 128  # with FRAME_LOG_BYTES, bounds the frame logs to about 256 MiB
+UNSAVED_RETRY_SECONDS = 1.0  # how often a reply the store refused is tried again
 
 
 def new_session_id() -> str:
@@ -58,6 +61,20 @@ class SessionHub:
         self.coalesce_seconds = rt.settings.server.coalesce_ms / 1000
         self._pending_restore: set[str] = set()
         self._lock = anyio.Lock()
+        self.connections = 0
+        self._retrying: set[str] = set()  # sessions whose refused replies are being retried
+
+    # --- the connection cap -------------------------------------------------------------------
+
+    def admit(self) -> bool:
+        """Count one more open socket, or refuse it at ``server.max_connections``."""
+        if self.connections >= self.rt.settings.server.max_connections:
+            return False
+        self.connections += 1
+        return True
+
+    def release(self) -> None:
+        self.connections -= 1
 
     # --- finding, creating, caching -----------------------------------------------------------
 
@@ -82,25 +99,27 @@ class SessionHub:
         for session_id, session in list(self.sessions.items()):
             if excess <= 0:
                 return
-            if not session.channel.watched and session.turn is None:
+            if not session.channel.watched and session.turn is None and not session.unsaved:
                 del self.sessions[session_id]
                 self._pending_restore.discard(session_id)
                 excess -= 1
 
     def _session(self, session_id: str, title: str, route: Route, transcript: list[ChatMessage],
-                 first_seq: int = 0, channel: FrameChannel | None = None) -> Session:
+                 first_seq: int = 0, stored: StoredSession | None = None,
+                 channel: FrameChannel | None = None) -> Session:
         if channel is None:
             channel = self.live.channel(session_id) if self.live else FrameChannel(session_id, self.rt.bus,
                                                                                     first_seq)
         return Session(session_id, title, route, transcript, channel=channel, store=self.rt.store,
-                       meter=self.rt.meter, image_token_cost=self.rt.options.image_token_cost)
+                       meter=self.rt.meter, image_token_cost=self.rt.options.image_token_cost,
+                       calls=stored.calls if stored else None, trims=stored.trims if stored else None)
 
     async def _create(self) -> Session:
         route = self.rt.resolver.default_route()
         session = self._session(new_session_id(), DEFAULT_TITLE, route, [])
         await self.rt.store.create_session(session.id, title=session.title, route=route.name)
         if self.rt.options.system_prompt:
-            system = ChatMessage("system", self.rt.options.system_prompt)
+            system = ChatMessage("system", self.rt.options.system_prompt, created_at=utc_now())
             session.add(system)
             await self.rt.store.append_messages(session.id, [system])
         return session
@@ -122,12 +141,22 @@ class SessionHub:
         # A reloaded session numbers its frames from now (in microseconds), above anything an earlier
         # incarnation sent, so a client's old last_seq can never be mistaken for one of these.
         session = self._session(stored.id, stored.title, self._stored_route(stored.route), stored.messages,
-                                first_seq=time.time_ns() // 1000, channel=channel)
+                                first_seq=time.time_ns() // 1000, stored=stored, channel=channel)
         # A tool call whose result is missing may be one another instance is running right now.
         if self.live is None or await self.live.lease.holder(session_id) is None:
             await session.set_aside_orphans()
         self._pending_restore.add(session.id)
         return session
+
+    async def messages_of(self, session_id: str) -> list[ChatMessage]:
+        """A session's transcript: the open copy when cached, else the store's (an image URL)."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return session.transcript
+        stored = await self.rt.store.get_session(session_id)
+        if stored is None:
+            raise UnknownSession(f"no session {echo(session_id)}")
+        return stored.messages
 
     # --- clients joining and leaving ----------------------------------------------------------
 
@@ -137,11 +166,12 @@ class SessionHub:
         session = await self.open(session_id)
         resumed = session_id == session.id
         routes = self.rt.resolver.routes()
+        page = self.rt.settings.server.history_page_messages
         replayed = await session.channel.join(
             outbox, last_seq if resumed else None,
             head=lambda seq: session_frame(session, resumed=resumed, seq=seq, routes=routes),
-            snapshot=lambda: [history_frame(session)],
-            turn=await self.live_turns.remote_turn(session) if self.live_turns else None)
+            snapshot=lambda: [history_frame(session, page)],
+            turn=await self.live_turns.remote_turn(session, page) if self.live_turns else None)
         if not replayed:
             # In the background: a window discovery on a slow provider must not hold the reader.
             self.spawn(self.after_hello, session)
@@ -164,6 +194,28 @@ class SessionHub:
                 await session.emit_meter(session.route, "restore")
                 return
         await session.emit_meter(session.route, "hello")
+
+    async def drain(self, grace: float) -> None:
+        """The server is shutting down: end every ``/events`` stream, stop every turn and wait (at
+        most ``grace`` seconds) until each has written its reply, marked interrupted."""
+        self.rt.bus.close()
+        handles = [session.turn for session in self.sessions.values() if session.turn is not None]
+        for session in self.sessions.values():
+            self.stop(session, remote=False)  # only the turns this instance runs
+        with anyio.move_on_after(grace):
+            for handle in handles:
+                await handle.done.wait()
+            for session in self.sessions.values():
+                await self._last_try(session)
+
+    async def _last_try(self, session: Session) -> None:
+        if not session.unsaved:
+            return
+        try:
+            await session.save_reply()
+        except StoreUnavailable:
+            log.error("session %s: %d reply(s) not written, the store still refuses writes at shutdown",
+                      session.id, len(session.unsaved))
 
     def deleted(self, session_id: str) -> None:
         """The session was deleted through the API: stop its turn and tell its open tabs."""
@@ -205,6 +257,11 @@ class SessionHub:
         await self.rt.store.set_route(session.id, route.name)
         await session.emit_meter(route, "switch")
 
+    def history_before(self, session: Session, before_id: str, limit: int | None) -> Frame:
+        """An older page of the session's history, for the one client that asked."""
+        page = self.rt.settings.server.history_page_messages
+        return history_page_frame(session, before_id, min(limit or page, page))
+
     def stop(self, session: Session, remote: bool = True) -> None:
         """Cancel the session's turn: here, or (``remote``) on the instance that runs it."""
         session = self.sessions.get(session.id, session)
@@ -214,7 +271,8 @@ class SessionHub:
             self.spawn(self.live_turns.stop_remote, session.id)
 
     async def submit(self, session: Session, message_id: str, content: str,
-                     payloads: list[ImagePayload], retry_of: str | None = None) -> None:
+                     payloads: list[ImagePayload], retry_of: str | None = None,
+                     edit_of: str | None = None) -> None:
         session = await self.current(session)
         if message_id in session.client_ids:
             return  # a client resending after a reconnect: the message is already durable
@@ -225,6 +283,9 @@ class SessionHub:
             raise Busy("a reply is still being written in this session; stop it or wait for it to finish")
         if session.knows(message_id):
             raise BadFrame(f"message.id {message_id!r} is already used by another message in this session")
+        if session.unsaved:
+            await session.save_reply()  # the earlier reply first, or StoreUnavailable and nothing stored
+        replaces = Replaces.of(session, retry_of, edit_of)
         images = decode_images(payloads, self.rt.options.max_image_bytes)
         turn_id = uuid.uuid4().hex[:12]
         # Claim the session before the first await: two tabs sending at once start one turn.
@@ -232,7 +293,7 @@ class SessionHub:
         claim: Claim | None = None
         try:
             claim = await self.live_turns.claim(session, turn_id) if self.live_turns else None
-            route, text = await self._accept(session, message_id, content, images, turn_id, retry_of)
+            route, text = await self._accept(session, message_id, content, images, turn_id, replaces)
         except BaseException:
             session.turn = None
             if claim is not None and self.live_turns is not None:
@@ -246,20 +307,33 @@ class SessionHub:
         self.spawn(self._run_turn, session, turn, handle, claim)
 
     async def _accept(self, session: Session, message_id: str, content: str, images: list[Image],
-                      turn_id: str, retry_of: str | None) -> tuple[Route, str]:
+                      turn_id: str, replaces: Replaces | None) -> tuple[Route, str]:
         """Store the user's message (durable before any provider call) and announce it."""
-        if retry_of:
-            # A retry replaces the failed turn: it stays in the transcript, no longer sent.
-            if not await session.set_aside(retry_of, "replaced by a retry"):
-                raise BadFrame(f"message.retry_of: no turn {retry_of!r} still sent in this session")
         route, text = self.rt.resolver.for_message(session.route, content)
-        user = ChatMessage("user", text, images=images or None, turn_id=turn_id, id=message_id)
+        if replaces is not None:
+            await replaces.set_aside(session, text)
+        user = ChatMessage("user", text, images=images or None, turn_id=turn_id, id=message_id,
+                           created_at=utc_now(), replaces=replaces.turn_id if replaces else None)
         await self.rt.store.append_messages(session.id, [user])
         session.add(user)
         session.client_ids.add(message_id)
-        session.emit(server_frame("accepted", id=message_id, turn_id=turn_id, content=text,
-                                  images=len(images) or None))
+        session.emit(server_frame(
+            "accepted", id=message_id, turn_id=turn_id, content=text, images=len(images) or None,
+            created_at=user.created_at, image_urls=image_urls(session.id, user),
+            **(replaces.echo() if replaces else {})))
         return route, text
+
+    async def preview_edit(self, session: Session, turn_id: object) -> Frame:
+        """The meter as it would read with ``turn_id`` and every later turn set aside (an edit of
+        that turn's message), for the asking client only: nothing changes."""
+        turns = session.turns_from(Replaces.checked("preview_edit.turn_id", turn_id))
+        if not turns:
+            raise BadFrame(f"preview_edit.turn_id: no turn {echo(turn_id)} in this session")
+        meter = self.rt.meter
+        reading = await meter.read(session.route, session.estimate_without(turns), meter.tools(session.route))
+        frame = meter.frame(reading, session.ledger, EDIT_PREVIEW)
+        frame.pop("trim_preview", None)  # the ledger's preview is of the history before the edit
+        return frame
 
     async def _maybe_title(self, session: Session, text: str) -> None:
         if session.title != DEFAULT_TITLE or not text.strip():
@@ -277,16 +351,40 @@ class SessionHub:
                 await turn.run()
             if handle.cancel_scope.cancelled_caught:
                 with anyio.CancelScope(shield=True):
-                    await turn.finish_reply(interrupted=True)
-                    session.emit(server_frame("aborted", turn_id=turn.turn_id))
+                    await self._abort(session, turn)
         finally:
             session.turn = None
             handle.done.set()
             if claim is not None and self.live_turns is not None:
                 with anyio.CancelScope(shield=True):
                     await self.live_turns.release(session, claim)
+            if session.unsaved and session.id not in self._retrying:
+                self._retrying.add(session.id)
+                self.spawn(self._write_unsaved, session)
         if turn.route != session.route:
             await session.emit_meter(session.route, "done")
+
+    async def _abort(self, session: Session, turn: Turn) -> None:
+        try:
+            await turn.finish_reply(interrupted=True)
+        except StoreUnavailable:
+            pass  # kept in session.unsaved; _write_unsaved writes it
+        session.emit(server_frame("aborted", turn_id=turn.turn_id))
+
+    async def _write_unsaved(self, session: Session) -> None:
+        """Try the replies the store refused again until it takes them, then say so. A newer turn
+        writes them first too, so whichever succeeds first empties ``unsaved``."""
+        try:
+            while session.unsaved:
+                await anyio.sleep(UNSAVED_RETRY_SECONDS)
+                try:
+                    await session.save_reply()
+                except StoreUnavailable:
+                    continue
+                session.emit(server_frame("notice", code="store_recovered", message=(
+                    "the session store is writable again: the reply it refused is now saved")))
+        finally:
+            self._retrying.discard(session.id)
 
     # --- several instances (live mode) --------------------------------------------------------
 
@@ -295,7 +393,7 @@ class SessionHub:
         frames came through the shared stream) and no turn runs on it here."""
         cached = self.sessions.get(session.id, session)
         channel = cached.channel
-        if not isinstance(channel, RedisChannel) or not channel.stale or cached.turn is not None:
+        if not isinstance(channel, RedisChannel) or not channel.stale or cached.turn or cached.unsaved:
             return cached
         channel.stale = False
         fresh = await self._load(cached.id, channel=channel)

@@ -39,7 +39,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
-from server.channel import Frame, FrameChannel, Outbox
+from server.channel import Frame, FrameChannel, Outbox, Packet
 from server.config import LiveSettings
 from server.errors import error_frame
 from server.events import OBSERVED_TYPES, EventBus
@@ -125,10 +125,11 @@ class RedisChannel(FrameChannel):
 
     def deliver(self, frame: Frame) -> None:
         self.seq = frame["seq"]
-        self.log.append(frame)
+        packet = Packet.of(frame)  # serialized once for every local socket and the log
+        self.log.append(self.seq, packet.text)
         for outbox, floor in self.floors.items():
-            if frame["seq"] > floor:
-                outbox.push(frame)
+            if self.seq > floor:
+                outbox.push(packet)
 
     async def settle(self) -> None:
         """Wait until every frame emitted here has its seq (so memory and stream agree)."""
@@ -152,22 +153,23 @@ class RedisChannel(FrameChannel):
         end = await self.live.head_seq(self.session_id)
         await self.settle()
         floor = max(end, self.seq, self.assigned_max)
-        self._add(outbox, [head(floor), *stamped(snapshot(), floor)], floor)
+        self._add(outbox, [Packet.of(frame) for frame in (head(floor), *stamped(snapshot(), floor))], floor)
         return False
 
     def _replay(self, outbox: Outbox, got: tuple[list[Frame], int], first: list[Frame]) -> bool:
         frames, end = got
+        packets = [Packet.of(frame) for frame in first + frames]
         if self.seq > end:  # delivered here while Redis was being read
             missing = self.log.after(end)
             if missing is None:
                 return False
-            frames, end = frames + missing, self.seq
-        self._add(outbox, first + frames, end)
+            packets, end = packets + missing, self.seq
+        self._add(outbox, packets, end)
         return True
 
-    def _add(self, outbox: Outbox, first: list[Frame], floor: int) -> None:
-        for frame in first:
-            outbox.push(frame)
+    def _add(self, outbox: Outbox, first: list[Packet], floor: int) -> None:
+        for packet in first:
+            outbox.push(packet)
         if not self.floors:
             self.seq = max(self.seq, floor)
             self.live.watch(self)
@@ -191,8 +193,9 @@ class RedisChannel(FrameChannel):
         """Redis failed under this channel: tell its clients and close their sockets to resume."""
         body = {**error_frame(LiveUnavailable(f"the live stream is unavailable ({exc}); reconnecting")),
                 "seq": self.seq}
+        packet = Packet.of(body)
         for outbox in list(self.floors):
-            outbox.push(body)
+            outbox.push(packet)
             outbox.end("the live stream is unavailable; reconnect with last_seq")
 
 

@@ -42,11 +42,14 @@ class LiveTurns:
     def forget_idle(self, session: Session) -> None:
         """Keep only sessions watched or running here: another instance may change the rest, so
         they are read from the store again when next opened."""
-        if not session.channel.watched and session.turn is None and self.sessions.get(session.id) is session:
+        if session.channel.watched or session.turn is not None or session.unsaved:
+            return  # a reply the store refused stays until _write_unsaved writes it
+        if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
 
-    async def remote_turn(self, session: Session) -> tuple[int, Callable[[], list[Frame]]] | None:
-        """A turn running on another instance: where its frames start, and the snapshot without it."""
+    async def remote_turn(self, session: Session, page: int) -> tuple[int, Callable[[], list[Frame]]] | None:
+        """A turn running on another instance: where its frames start, and the snapshot (the newest
+        ``page`` messages) without it."""
         if session.turn is not None:
             return None
         claim = await self.live.lease.holder(session.id)
@@ -54,7 +57,7 @@ class LiveTurns:
             return None
 
         def before() -> list[Frame]:
-            frame = history_frame(session)
+            frame = history_frame(session, page)
             kept = [m for m in frame["messages"] if m.get("turn_id") != claim.turn_id]
             return [{**frame, "messages": kept}]
         return claim.start, before

@@ -81,8 +81,32 @@ CREATE TABLE IF NOT EXISTS calls (
 CREATE INDEX IF NOT EXISTS calls_session ON calls (session_id, seq);
 """
 
+# Version 2: what a reload needs to draw what the live page showed (issue 10): when each message was
+# written, which turn a user message replaced, a reply's reasoning, and the trims with where they
+# happened. SQLite has no ADD COLUMN IF NOT EXISTS: these run once, recorded like every step (no
+# released file holds the columns without the record). PostgreSQL keeps a message as one JSON
+# document, so only the trims table is new there.
+_SQLITE_2 = """
+ALTER TABLE messages ADD COLUMN created_at TEXT;
+ALTER TABLE messages ADD COLUMN replaces TEXT;
+ALTER TABLE messages ADD COLUMN thinking TEXT;
+CREATE TABLE IF NOT EXISTS trims (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    data TEXT NOT NULL, created_at TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS trims_session ON trims (session_id, seq);
+"""
+_POSTGRES_2 = """
+CREATE TABLE IF NOT EXISTS trims (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    data JSON NOT NULL, created_at TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS trims_session ON trims (session_id, seq);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "sessions, messages and calls", _SQLITE_1, _POSTGRES_1),
+    Migration(2, "message times, versions and thinking; trims", _SQLITE_2, _POSTGRES_2),
 )
 
 _RECORDS = ("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "

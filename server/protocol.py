@@ -24,11 +24,13 @@ CLIENT_FRAMES: dict[str, tuple[str, ...]] = {
     "message": ("id", "content", "images?", "retry_of?"),
     "switch_model": ("route",),
     "stop": (),
+    "history_before": ("before_id", "limit?"),
 }
 
 SERVER_FRAMES: dict[str, tuple[str, ...]] = {
     "session": ("session_id", "resumed", "message_count", "route", "routes", "title", "protocol"),
-    "history": ("messages",),
+    "history": ("messages", "older?"),
+    "history_page": ("before_id", "messages", "older"),
     "accepted": ("id", "turn_id", "content", "images?"),
     "context": ("provider", "model", "route_kind", "estimated_tokens", "tokens_source",
                 "context_token_budget", "model_context_window?", "window_source?", "trim_preview?",
@@ -50,13 +52,24 @@ SERVER_FRAMES: dict[str, tuple[str, ...]] = {
 
 CONTEXT_REASONS = ("hello", "switch", "hint", "send", "trim", "usage", "done", "restore")
 TRIM_REASONS = ("token_budget", "turn_limit", "overflow_recovery", "compaction")
-NOTICE_CODES = ("provider_truncated", "reply_truncated")
+NOTICE_CODES = ("provider_truncated", "reply_truncated", "store_recovered")
 # Enumerated fields are checked when a frame is built: a new value must be added here (and in the doc).
 ENUMS: dict[tuple[str, str], tuple[str, ...]] = {
     ("context", "reason"): CONTEXT_REASONS,
     ("history_trimmed", "reason"): TRIM_REASONS,
     ("notice", "code"): NOTICE_CODES,
 }
+
+# What a reload restores and what versions need (issue 10 item 3, issue 12), added to v1 as optional
+# fields and two frames; kept apart from the tables above so edits to those merge cleanly.
+CLIENT_FRAMES["message"] += ("edit_of?",)
+CLIENT_FRAMES["preview_edit"] = ("turn_id",)
+SERVER_FRAMES["history"] += ("trims?", "turn_in_flight?")
+SERVER_FRAMES["accepted"] += ("retry_of?", "edit_of?", "created_at?", "image_urls?")
+SERVER_FRAMES["done"] += ("created_at?",)
+SERVER_FRAMES["turns_set_aside"] = ("turn_ids", "reason")
+EDIT_PREVIEW = "edit_preview"  # a context frame answering preview_edit, for the asking client only
+ENUMS[("context", "reason")] = (*CONTEXT_REASONS, EDIT_PREVIEW)
 
 
 @dataclass(frozen=True)
@@ -185,9 +198,19 @@ def _validate(frame: dict[str, Any]) -> dict[str, Any]:
     elif kind == "switch_model":
         frame["route"] = _require_short(frame, "route", ROUTE_CHARS,
                                         "a route string like 'provider' or 'provider/model'")
+    elif kind == "history_before":
+        _validate_history_before(frame)
     # Unknown fields are ignored (protocol rule), so they are not kept either.
     required, optional = field_names(CLIENT_FRAMES[kind])
     return {name: frame[name] for name in required | optional if name in frame}
+
+
+def _validate_history_before(frame: dict[str, Any]) -> None:
+    _require_id(frame, "before_id", "the id of the oldest message the client holds")
+    if frame.get("limit") is not None:
+        limit = _require(frame, "limit", int, "a number of messages")
+        if limit < 1:
+            raise BadFrame(f"history_before.limit: expected 1 or more, got {limit}")
 
 
 def _no_constant(name: str) -> Any:

@@ -7,6 +7,7 @@ writer never touches a session, a socket or a store, so it is tested with plain 
     append(text) -> Step.JOIN    the first piece: the message exists now; put it in the transcript
                  -> Step.FLUSH   the store is one flush interval behind: save ``flush()``
                  -> Step.NONE    nothing to do
+    think(text)  a piece of the model's reasoning, kept on the message (a reload shows it again)
     current()    the message with the text so far (for a snapshot), or None before the first piece
     finish(...)  the completed message (or None when nothing was written); the writer is then empty
 """
@@ -33,7 +34,11 @@ class ReplyWriter:
         self.flush_seconds = flush_seconds
         self._clock = clock
         self._message: ChatMessage | None = None
+        # The text is joined incrementally: a flush joins only the pieces since the last one,
+        # not the whole reply again, and a long reply does not keep one object per piece.
+        self._text = ""
         self._parts: list[str] = []
+        self._thinking: list[str] = []
         self._flushed_at = 0.0
 
     @property
@@ -52,9 +57,16 @@ class ReplyWriter:
             return Step.FLUSH
         return Step.NONE
 
+    def think(self, text: str) -> None:
+        self._thinking.append(text)
+
     def current(self) -> ChatMessage | None:
         if self._message is not None:
-            self._message.set_content("".join(self._parts))
+            if self._parts:
+                self._text += "".join(self._parts)
+                self._parts.clear()
+            self._message.set_content(self._text)
+            self._message.thinking = "".join(self._thinking) or None
         return self._message
 
     def flush(self) -> ChatMessage:
@@ -71,8 +83,9 @@ class ReplyWriter:
         nothing to keep: no text and no tool calls."""
         message = self.current()
         if message is None and tool_calls:
-            message = ChatMessage("assistant", "", turn_id=self.turn_id)
-        self._message, self._parts = None, []
+            message = ChatMessage("assistant", "", turn_id=self.turn_id,
+                                  thinking="".join(self._thinking) or None)
+        self._message, self._text, self._parts, self._thinking = None, "", [], []
         if message is None:
             return None
         message.interrupted = interrupted

@@ -20,6 +20,10 @@ never borrows the profile's window. Otherwise, with ``discover_window``, the pro
 asked once per (alias, model) and a known answer cached; an unknown answer is cached for
 ``UNKNOWN_RETRY_SECONDS``, so an unreachable server is not asked on every turn but is asked again
 once it may have come up. ``capacity`` never raises.
+
+Every map keyed by a route a client may name (discovered windows, their locks, calibrations) holds
+at most ``server.route_cache_entries`` routes, least recently used out first: a client naming a
+million model names costs a bounded amount of memory.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -112,9 +117,10 @@ class RouteResolver:
         self.settings = settings
         self.providers = providers
         self.classifier = Classifier(settings.classifier_rules)
-        self.calibration = Calibrations()
+        self.cache_entries = max(1, settings.server.route_cache_entries)
+        self.calibration = Calibrations(limit=self.cache_entries)
         self._hints = self._resolve_hints()
-        self._windows: dict[tuple[str, str], tuple[Capacity, float]] = {}  # answer, retry-after
+        self._windows: OrderedDict[tuple[str, str], tuple[Capacity, float]] = OrderedDict()  # answer, retry
         self._locks: dict[tuple[str, str], anyio.Lock] = {}
 
     # -- route strings ---------------------------------------------------------------------
@@ -189,12 +195,23 @@ class RouteResolver:
             return UNKNOWN_CAPACITY
         key = (route.provider, route.model)
         lock = self._locks.setdefault(key, anyio.Lock())
-        async with lock:  # concurrent turns on one route ask the provider once
-            cached = self._windows.get(key)
-            if cached is None or (not cached[0].known and time.monotonic() >= cached[1]):
-                # A known window is kept; "unknown" is asked again later (the server may come up).
-                self._windows[key] = (await self._discover(route), time.monotonic() + UNKNOWN_RETRY_SECONDS)
-        return self._windows[key][0]
+        try:
+            async with lock:  # concurrent turns on one route ask the provider once
+                cached = self._windows.get(key)
+                if cached is None or (not cached[0].known and time.monotonic() >= cached[1]):
+                    # A known window is kept; "unknown" is asked again later (the server may come up).
+                    cached = (await self._discover(route), time.monotonic() + UNKNOWN_RETRY_SECONDS)
+                self._remember(key, cached)
+                return cached[0]
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self._locks.pop(key, None)  # a lock lives while a discovery of its route does
+
+    def _remember(self, key: tuple[str, str], answer: tuple[Capacity, float]) -> None:
+        self._windows[key] = answer
+        self._windows.move_to_end(key)
+        while len(self._windows) > self.cache_entries:
+            self._windows.popitem(last=False)
 
     async def _discover(self, route: Route) -> Capacity:
         provider = self.providers[route.provider]

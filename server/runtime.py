@@ -1,5 +1,5 @@
 """The services a running server shares: settings, store, providers, resolver, bus, task group, and
-the meter built from them.
+the meter and the flusher (streaming replies saved in batches) built from them.
 
 Built once in the app's lifespan; the hub and the turns receive it instead of reaching for globals.
 ``options`` is the ``[runtime]`` settings table, read by every turn.
@@ -13,6 +13,7 @@ from anyio.abc import TaskGroup
 
 from server.config import RuntimeSettings, Settings
 from server.events import EventBus
+from server.flusher import Flusher
 from server.meter import Meter
 from server.providers.base import Provider
 from server.routing import RouteResolver
@@ -28,9 +29,11 @@ class Runtime:
     bus: EventBus
     task_group: TaskGroup
     meter: Meter = field(init=False)
+    flusher: Flusher = field(init=False)
 
     def __post_init__(self) -> None:
         self.meter = Meter(self.resolver, self.settings.providers)
+        self.flusher = Flusher(self.store, self.task_group)
 
     @property
     def options(self) -> RuntimeSettings:

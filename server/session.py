@@ -14,19 +14,27 @@ snapshot shows it) and the ledger when it is complete.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
 
 import anyio
 
 from server.channel import Frame, FrameChannel
 from server.compaction import TRUNCATED
-from server.history import BREADCRUMB_TEXT, DEFAULT_IMAGE_TOKEN_COST, TRIMMED, ChatMessage
+from server.history import (
+    BREADCRUMB_TEXT,
+    DEFAULT_IMAGE_TOKEN_COST,
+    TRIMMED,
+    ChatMessage,
+    estimate_history_tokens,
+)
 from server.history_trim import TrimReport, sweep_orphans
 from server.ledger import HistoryLedger
 from server.meter import Meter, Reading
 from server.protocol import server_frame
 from server.reply import ReplyWriter
 from server.routing import Route
-from server.store import Store
+from server.store import CallRecord, Store
 
 ORPHANED = "orphaned tool message (its call or result is missing)"
 
@@ -38,6 +46,11 @@ class TurnHandle:
     done: anyio.Event = field(default_factory=anyio.Event)
 
 
+def utc_now() -> str:
+    """A message's ``created_at``: ISO-8601 UTC, the store's spelling of a time."""
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
 def dropped_ids(messages: list[ChatMessage]) -> dict[str, list[str]]:
     """``message_ids`` and ``turn_ids`` (in order, once each) of a ``history_trimmed`` frame."""
     turns = list(dict.fromkeys(m.turn_id for m in messages if m.turn_id))
@@ -47,7 +60,8 @@ def dropped_ids(messages: list[ChatMessage]) -> dict[str, list[str]]:
 class Session:
     def __init__(self, session_id: str, title: str, route: Route, transcript: list[ChatMessage], *,
                  channel: FrameChannel, store: Store | None = None, meter: Meter | None = None,
-                 image_token_cost: int = DEFAULT_IMAGE_TOKEN_COST) -> None:
+                 image_token_cost: int = DEFAULT_IMAGE_TOKEN_COST, calls: list[CallRecord] | None = None,
+                 trims: list[dict[str, Any]] | None = None) -> None:
         self.id = session_id
         self.title = title
         self.route = route
@@ -58,9 +72,14 @@ class Session:
         self.breadcrumb = ChatMessage("user", BREADCRUMB_TEXT, breadcrumb=True, id="breadcrumb-" + session_id)
         self.client_ids = {m.id for m in transcript if m.role == "user"}  # resends are ignored
         self.image_token_cost = image_token_cost
+        # What a reload draws besides the transcript: each turn's provider calls (route, usage,
+        # cost) and the trims with where they happened.
+        self.calls = calls if calls is not None else []
+        self.trims = trims if trims is not None else []
         self._store = store
         self._meter = meter
         self._streamed: ChatMessage | None = None
+        self.unsaved: dict[str, ChatMessage] = {}  # replies the store refused, written when it recovers
         self.ledger = HistoryLedger(self._scan(), image_token_cost=image_token_cost)
 
     @property
@@ -118,6 +137,8 @@ class Session:
         return self.ledger.messages()
 
     def add(self, *messages: ChatMessage) -> None:
+        for message in messages:
+            message.created_at = message.created_at or utc_now()
         self.transcript.extend(messages)
         self.ledger.extend(messages)
 
@@ -136,6 +157,7 @@ class Session:
         """The reply's first piece: its message is in the transcript from now on, not yet sent."""
         message = writer.current()
         assert message is not None, "join_reply after the writer's first piece"
+        message.created_at = message.created_at or utc_now()
         self.reply, self._streamed = writer, message
         self.transcript.append(message)
 
@@ -147,9 +169,22 @@ class Session:
             self.transcript.remove(streamed)
         if message is None:
             return
+        message.created_at = message.created_at or utc_now()
         if streamed is None:
             self.transcript.append(message)
         self.ledger.append(message)
+
+    async def save_reply(self, *messages: ChatMessage) -> None:
+        """Write ``messages`` with any the store refused before. While the store is unavailable
+        they stay in ``unsaved`` (in memory, in the transcript) and ``StoreUnavailable`` is raised;
+        the next save that succeeds writes them all."""
+        for message in messages:
+            self.unsaved[message.id] = message
+        pending = list(self.unsaved.values())
+        await self.store.save_messages(self.id, pending)
+        for message in pending:
+            if self.unsaved.get(message.id) is message:
+                del self.unsaved[message.id]
 
     # --- operations on the marks --------------------------------------------------------------
 
@@ -164,14 +199,44 @@ class Session:
             message.left_out = TRIMMED
         await self.store.save_messages(self.id, dropped)
         fields = {**report.frame_fields(), "dropped_messages": len(dropped)}
-        self.emit(server_frame("history_trimmed", **fields, **dropped_ids(dropped), turn_id=turn_id))
+        frame = self.emit(server_frame("history_trimmed", **fields, **dropped_ids(dropped), turn_id=turn_id))
+        await self._keep_trim(frame)
         return True
+
+    async def _keep_trim(self, frame: Frame) -> None:
+        """Store the trim with where it happened (its turn, or the last message before it), so a
+        reload puts its notice back in place."""
+        kept = {k: v for k, v in frame.items() if k not in ("type", "seq")}
+        if frame.get("turn_id") is None:
+            kept["after_message_id"] = self.transcript[-1].id if self.transcript else None
+        kept["created_at"] = utc_now()
+        self.trims.append(kept)
+        await self.store.record_trim(self.id, kept)
 
     async def set_aside(self, turn_id: str, reason: str) -> list[ChatMessage]:
         """Keep a turn's messages in the transcript but stop sending them (``left_out`` =
         ``reason``); returns what was set aside (nothing when the turn is unknown or already left out)."""
         messages = [m for m in self.transcript if m.turn_id == turn_id and m.left_out is None]
         return await self._leave_out(messages, reason)
+
+    def turns_from(self, turn_id: str) -> list[str]:
+        """``turn_id`` and every turn after it, in transcript order (empty when it is unknown)."""
+        turns = list(dict.fromkeys(m.turn_id for m in self.transcript if m.turn_id))
+        return turns[turns.index(turn_id):] if turn_id in turns else []
+
+    async def set_aside_from(self, turn_id: str, reason: str) -> list[str]:
+        """An edit of an earlier message: that turn and every later one stop being sent (kept in
+        the transcript); returns the turns that were still sent and are now set aside."""
+        turns = self.turns_from(turn_id)
+        messages = [m for m in self.transcript if m.turn_id in turns and m.left_out is None]
+        await self._leave_out(messages, reason)
+        return [t for t in turns if any(m.turn_id == t for m in messages)]
+
+    def estimate_without(self, turn_ids: list[str]) -> int:
+        """The estimate of what would be sent with ``turn_ids`` left out (an edit's preview)."""
+        gone = set(turn_ids)
+        kept = [m for m in self.to_send() if m.turn_id not in gone]
+        return estimate_history_tokens(kept, self.image_token_cost)
 
     async def set_aside_orphans(self) -> list[ChatMessage]:
         """On restore: tool messages whose call or result is missing are no longer sent."""

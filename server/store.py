@@ -10,6 +10,8 @@ Contract of the write methods: when the awaited call returns, the write is commi
 that point loses nothing). ``append_messages`` adds after the last message; ``save_messages``
 upserts by message id (content and marks of a known id are replaced, its position kept; an unknown
 id is appended), which is how a streaming reply is flushed at intervals and how trims are recorded;
+``save_batch`` does what ``save_messages`` does for several sessions in one transaction (a session no
+longer stored is skipped, not an error: the streaming replies of every session are flushed so);
 ``insert_message`` places one message at an index (a breadcrumb or summary after the system
 messages). Methods naming a session that is not stored raise ``UnknownSession``. Timestamps are
 ISO-8601 UTC strings with microseconds, so they sort as text.
@@ -65,6 +67,7 @@ class StoredSession:
     updated_at: str
     messages: list[ChatMessage] = field(default_factory=list)
     calls: list[CallRecord] = field(default_factory=list)
+    trims: list[dict[str, Any]] = field(default_factory=list)  # history_trimmed fields, oldest first
 
 
 class Store(Protocol):
@@ -88,9 +91,13 @@ class Store(Protocol):
 
     async def save_messages(self, session_id: str, messages: Sequence[ChatMessage]) -> None: ...
 
+    async def save_batch(self, batch: Mapping[str, Sequence[ChatMessage]]) -> None: ...
+
     async def insert_message(self, session_id: str, index: int, message: ChatMessage) -> None: ...
 
     async def record_call(self, session_id: str, call: CallRecord) -> None: ...
+
+    async def record_trim(self, session_id: str, trim: Mapping[str, Any]) -> None: ...
 
     async def import_session(self, session: StoredSession) -> None: ...
 
@@ -115,7 +122,7 @@ def open_store(data_dir: str | Path, url: str = "", pool_size: int = 10, timeout
     if not url:
         from server.store_sqlite import SqliteStore
 
-        return SqliteStore.open(data_dir)
+        return SqliteStore.open(data_dir, timeout)
     if url.split("://", 1)[0] not in ("postgresql", "postgres"):
         raise ConfigError("store.url: expected postgresql://USER@HOST:PORT/DATABASE")
     if pool_size < 1:

@@ -16,7 +16,7 @@ Order: as in the SQLite store, a ``position`` float per message; append takes ``
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -155,9 +155,13 @@ class PostgresStore:
             calls = await (await conn.execute(
                 f"SELECT {', '.join(CALL_FIELDS)} FROM calls WHERE session_id = %s ORDER BY seq",
                 (session_id,))).fetchall()
+            trims = await (await conn.execute(
+                "SELECT data, created_at FROM trims WHERE session_id = %s ORDER BY seq",
+                (session_id,))).fetchall()
         session_id, title, route, created_at, updated_at = head
         return StoredSession(session_id, title, route, created_at, updated_at,
-                             [message_from_data(row[0]) for row in rows], [CallRecord(*row) for row in calls])
+                             [message_from_data(row[0]) for row in rows], [CallRecord(*row) for row in calls],
+                             [{**data, "created_at": at} for data, at in trims])
 
     async def get_summary(self, session_id: str) -> SessionSummary | None:
         rows = await self._query(_SUMMARY + " WHERE s.id = %s", (session_id,))
@@ -201,6 +205,16 @@ class PostgresStore:
         documents = [_document(message) for message in messages]
         async with self._transaction() as conn:
             await self._put(conn, session_id, documents, _UPSERT)
+
+    async def save_batch(self, batch: Mapping[str, Sequence[ChatMessage]]) -> None:
+        work = [(session_id, [_document(message) for message in messages])
+                for session_id, messages in batch.items()]
+        async with self._transaction() as conn:
+            for session_id, documents in work:
+                try:
+                    await self._put(conn, session_id, documents, _UPSERT)
+                except UnknownSession:  # deleted while it streamed; its UPDATE matched nothing
+                    continue
 
     async def _put(self, conn: Conn, session_id: str, documents: list[tuple[str, Json]], sql: str) -> None:
         await self._touch(conn, session_id)
@@ -251,6 +265,13 @@ class PostgresStore:
         now = await self._touch(conn, session_id)
         async with conn.cursor() as cursor:
             await cursor.executemany(_INSERT_CALL, [(session_id, *_call_row(call, now)) for call in calls])
+
+    async def record_trim(self, session_id: str, trim: Mapping[str, Any]) -> None:
+        """Keep a ``history_trimmed`` event (its fields) so a reload shows the notice again."""
+        async with self._transaction() as conn:
+            now = await self._touch(conn, session_id)
+            await conn.execute("INSERT INTO trims (session_id, data, created_at) VALUES (%s, %s, %s)",
+                               (session_id, Json(dict(trim)), now))
 
     async def import_session(self, session: StoredSession) -> None:
         """Write a whole session (from an export) at once; its id must be new."""

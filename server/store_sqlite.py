@@ -10,6 +10,12 @@ in, so the event loop never blocks on the disk and calls from any event loop (a 
 portal, the server's loop) are safe. Messages are turned into rows on the caller's thread before
 the hand-off, so a reply still streaming into a ``ChatMessage`` cannot change under the write.
 
+Faults: an ``OperationalError`` at run time (disk full, read-only, locked past ``[store]
+timeout_seconds``) is raised as ``StoreUnavailable``, as the PostgreSQL store does, so callers
+handle one error whatever the backend; the transaction was rolled back and the same write may be
+tried again. At start-up a file that is not a database, fails ``PRAGMA quick_check``, or cannot be
+read or written stops start-up with a ``ConfigError`` naming the file and the problem.
+
 Order: each message has a REAL ``position``; append takes ``max + 1`` (positions may be sparse),
 ``insert_message`` takes the midpoint of its neighbours and renumbers the session on the rare day
 the floats run out of room between them.
@@ -20,14 +26,14 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio.to_thread
 
-from server.errors import SessionExists, UnknownSession
+from server.errors import ConfigError, SessionExists, StoreUnavailable, UnknownSession
 from server.history import ChatMessage
 from server.migrations import migrate_sqlite
 from server.store import (
@@ -95,20 +101,29 @@ class SqliteStore:
         self._clock = Clock()
 
     @classmethod
-    def open(cls, data_dir: str | Path) -> SqliteStore:
+    def open(cls, data_dir: str | Path, timeout: float = 10.0) -> SqliteStore:
         folder = Path(data_dir)
-        folder.mkdir(parents=True, exist_ok=True)
         path = folder / FILE_NAME
-        connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                                         timeout=timeout)
+        except (OSError, sqlite3.Error) as exc:
+            raise ConfigError(f"{path}: cannot open the database: {_reason(exc)}") from exc
         try:
             _prepare(connection, path)
+            _check(connection, path)
         except BaseException:
             connection.close()
             raise
         return cls(connection, path)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await anyio.to_thread.run_sync(partial(self._locked, fn, *args))
+        try:
+            return await anyio.to_thread.run_sync(partial(self._locked, fn, *args))
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailable(f"the session store refused the write ({exc}); "
+                                   "what was not written is kept and written when it recovers") from exc
 
     def _locked(self, fn: Callable[..., T], *args: Any) -> T:
         with self._lock:
@@ -120,7 +135,8 @@ class SqliteStore:
         try:
             result = fn(*args)
         except BaseException:
-            self._conn.execute("ROLLBACK")
+            if self._conn.in_transaction:  # SQLITE_FULL has rolled back already; say so, not that
+                self._conn.execute("ROLLBACK")
             raise
         self._conn.execute("COMMIT")
         return result
@@ -167,10 +183,12 @@ class SqliteStore:
             calls = [CallRecord(*row) for row in self._conn.execute(
                 f"SELECT {', '.join(CALL_FIELDS)} FROM calls WHERE session_id = ? ORDER BY seq",
                 (session_id,))]
+            trims = [{**json.loads(data), "created_at": at} for data, at in self._conn.execute(
+                "SELECT data, created_at FROM trims WHERE session_id = ? ORDER BY seq", (session_id,))]
         finally:
             self._conn.execute("COMMIT")
         session_id, title, route, created_at, updated_at = head
-        return StoredSession(session_id, title, route, created_at, updated_at, messages, calls)
+        return StoredSession(session_id, title, route, created_at, updated_at, messages, calls, trims)
 
     async def get_summary(self, session_id: str) -> SessionSummary | None:
         row = await self._call(self._query_one, _SUMMARY + " WHERE s.id = ?", (session_id,))
@@ -214,6 +232,18 @@ class SqliteStore:
     async def save_messages(self, session_id: str, messages: Sequence[ChatMessage]) -> None:
         rows = [_row(message) for message in messages]
         await self._call(self._write, self._put_rows, session_id, rows, _UPSERT)
+
+    async def save_batch(self, batch: Mapping[str, Sequence[ChatMessage]]) -> None:
+        work = [(session_id, [_row(message) for message in messages])
+                for session_id, messages in batch.items()]
+        await self._call(self._write, self._put_batch, work)
+
+    def _put_batch(self, work: list[tuple[str, list[Row]]]) -> None:
+        for session_id, rows in work:
+            try:
+                self._put_rows(session_id, rows, _UPSERT)
+            except UnknownSession:  # deleted while it streamed; nothing of it was written
+                continue
 
     def _put_rows(self, session_id: str, rows: list[Row], sql: str) -> None:
         self._touch(session_id)
@@ -260,6 +290,15 @@ class SqliteStore:
             f"VALUES ({', '.join('?' * (len(CALL_FIELDS) + 1))})",
             [(session_id, *_call_row(call, now)) for call in calls])
 
+    async def record_trim(self, session_id: str, trim: Mapping[str, Any]) -> None:
+        """Keep a ``history_trimmed`` event (its fields) so a reload shows the notice again."""
+        await self._call(self._write, self._put_trim, session_id, _json(dict(trim)))
+
+    def _put_trim(self, session_id: str, data: str) -> None:
+        now = self._touch(session_id)
+        self._conn.execute("INSERT INTO trims (session_id, data, created_at) VALUES (?, ?, ?)",
+                           (session_id, data, now))
+
     async def import_session(self, session: StoredSession) -> None:
         """Write a whole session (from an export) at once; its id must be new."""
         rows = [_row(message) for message in session.messages]
@@ -277,7 +316,38 @@ def _call_row(call: CallRecord, now: str) -> Row:
     return tuple(data.values())
 
 
+def _reason(exc: BaseException) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
+def _check(connection: sqlite3.Connection, path: Path) -> None:
+    """Start-up: the file reads whole (quick_check) and takes a write, or start-up stops here
+    rather than at the first reply."""
+    try:
+        problems = [row[0] for row in connection.execute("PRAGMA quick_check")]
+        if problems != ["ok"]:
+            raise ConfigError(f"{path}: the database is corrupt (quick_check: {problems[0]})")
+        version = connection.execute("PRAGMA user_version").fetchone()[0]
+        connection.execute(f"PRAGMA user_version = {int(version)}")  # a write that changes nothing
+    except sqlite3.Error as exc:
+        raise ConfigError(f"{path}: {_problem(exc)}") from exc
+
+
+def _problem(exc: sqlite3.Error) -> str:
+    if isinstance(exc, sqlite3.DatabaseError) and any(
+            word in str(exc) for word in ("malformed", "not a database")):
+        return f"the database is corrupt ({exc}); restore a backup or move the file away"
+    return f"the database cannot be used: {exc}"
+
+
 def _prepare(connection: sqlite3.Connection, path: Path) -> None:
+    try:
+        _create(connection, path)
+    except sqlite3.Error as exc:
+        raise ConfigError(f"{path}: {_problem(exc)}") from exc
+
+
+def _create(connection: sqlite3.Connection, path: Path) -> None:
     connection.execute("PRAGMA journal_mode = WAL")
     connection.execute("PRAGMA synchronous = NORMAL")
     connection.execute("PRAGMA foreign_keys = ON")

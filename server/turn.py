@@ -19,7 +19,14 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from server.compaction_runner import Compaction, NoCompaction
-from server.errors import CapacityExceeded, ContextOverflow, HistoryUnfit, MeterchatError, error_frame
+from server.errors import (
+    CapacityExceeded,
+    ContextOverflow,
+    HistoryUnfit,
+    MeterchatError,
+    StoreUnavailable,
+    error_frame,
+)
 from server.history import ChatMessage, ToolCall, estimate_history_tokens
 from server.history_trim import TrimReport, cap_tool_result, sweep_orphans
 from server.meter import Reading
@@ -37,7 +44,7 @@ from server.providers.base import (
 from server.reply import ReplyWriter, Step
 from server.routing import Route
 from server.runtime import Runtime
-from server.session import Session
+from server.session import Session, utc_now
 from server.store import CallRecord
 from server.tools import run_tool
 
@@ -78,6 +85,7 @@ class Turn:
         self.totals = Totals()
         self.writer = ReplyWriter(turn_id, rt.settings.server.store_flush_ms / 1000)
         self.final_text = ""
+        self.final_at: str | None = None  # when the final reply began: the page's hover time
 
     # --- frames -------------------------------------------------------------------------------
 
@@ -129,14 +137,21 @@ class Turn:
             log.exception("turn %s of session %s failed", self.turn_id, self.session.id)
             await self.fail(exc)
         else:
-            await self.finish_reply(interrupted=False)
+            try:
+                await self.finish_reply(interrupted=False)
+            except StoreUnavailable as exc:  # the reply is complete, only its write waits
+                self.session.emit(error_frame(exc, turn_id=self.turn_id))
+                return
             await self.emit_done()
 
     async def fail(self, exc: Exception) -> None:
         """Keep the reply, marked interrupted, and tell the clients, even when the store refuses
-        the mark: the error that ended the turn may be the store's own (a lost database)."""
+        the mark: the error that ended the turn may be the store's own (the reply then waits in
+        ``Session.unsaved``)."""
         try:
             await self.finish_reply(interrupted=True)
+        except StoreUnavailable:
+            pass  # the reply waits in Session.unsaved; the hub writes it when the store recovers
         finally:
             self.session.emit(error_frame(exc, turn_id=self.turn_id))
 
@@ -198,10 +213,11 @@ class Turn:
             step = self.writer.append(event.text)
             if step is Step.JOIN:  # in the transcript at once (snapshots), in the store soon
                 self.session.join_reply(self.writer)
-            elif step is Step.FLUSH:
-                await self.rt.store.save_messages(self.session.id, [self.writer.flush()])
+            elif step is Step.FLUSH:  # saved with every other session's in the flusher's next batch
+                self.rt.flusher.due(self.session.id, self.writer.flush())
         elif isinstance(event, ThinkingDelta):
             self.emit("thinking", turn_id=self.turn_id, content=event.text)
+            self.writer.think(event.text)
         elif isinstance(event, ToolCallEvent):
             result.tool_calls.append(ToolCall(event.id, event.name, event.arguments))
         elif isinstance(event, Usage):
@@ -221,9 +237,10 @@ class Turn:
             calibration.observe(self.route, reading.estimate, usage.input_tokens)
         cost = self.rt.resolver.cost(self.route, usage.input_tokens, usage.output_tokens)
         self.add_to_totals(usage, cost)
-        await self.rt.store.record_call(self.session.id, CallRecord(
-            self.turn_id, self.route.provider, self.route.model, self.route.kind, usage.input_tokens,
-            usage.output_tokens, "provider", cost))
+        call = CallRecord(self.turn_id, self.route.provider, self.route.model, self.route.kind,
+                          usage.input_tokens, usage.output_tokens, "provider", cost)
+        self.session.calls.append(call)  # a reload shows the turn's route, usage and cost from these
+        await self.rt.store.record_call(self.session.id, call)
         await self.emit_meter("usage", reading, reported=usage.input_tokens)
 
     def add_to_totals(self, usage: Usage, cost: float | None) -> None:
@@ -248,10 +265,12 @@ class Turn:
         """End the current assistant message (before tool results, or at the end of the turn)."""
         message = self.writer.finish(interrupted=interrupted, tool_calls=tool_calls)
         self.session.settle_reply(message)
+        await self.rt.flusher.settle(self.session.id)  # no earlier flush may land after this save
         if message is None:  # an empty reply was never stored: nothing to keep
             return
-        await self.rt.store.save_messages(self.session.id, [message])
         self.final_text = "" if message.tool_calls else message.content
+        self.final_at = message.created_at
+        await self.session.save_reply(message)
 
     async def run_tools(self, calls: list[ToolCall]) -> None:
         await self.finish_reply(interrupted=False, tool_calls=calls)  # a reply asking for tools is complete
@@ -273,4 +292,5 @@ class Turn:
         self.emit("done", turn_id=self.turn_id, full_response=self.final_text, input_tokens=t.input_tokens,
                   output_tokens=t.output_tokens, last_input_tokens=t.last_input_tokens,
                   provider=self.route.provider, model=self.route.model, max_context_tokens=budget,
-                  model_context_window=capacity.window, cost_usd=t.cost_usd)
+                  model_context_window=capacity.window, cost_usd=t.cost_usd,
+                  created_at=self.final_at or utc_now())

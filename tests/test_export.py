@@ -31,10 +31,12 @@ def test_export_json_is_versioned_and_plain_data() -> None:
     assert (document["format"], document["version"]) == ("meterchat.session", 1)
     assert json.loads(json.dumps(document)) == document
     assert document["messages"][4]["excluded"] == "compacted"
-    # the version-1 keys, in the order a file written by the first release has them
+    # the version-1 keys, in the order a file written by the first release has them, then the
+    # optional keys added since (a version-1 reader ignores them; a version-1 file reads without them)
     assert list(document["messages"][0]) == [
         "id", "role", "content", "tool_calls", "tool_call_id", "images", "name", "breadcrumb", "summary",
-        "trimmed", "excluded", "interrupted", "turn_id"]
+        "trimmed", "excluded", "interrupted", "turn_id", "created_at", "replaces",
+        "thinking"]
     assert list(document["calls"][0]) == [
         "turn_id", "provider", "model", "route_kind", "input_tokens", "output_tokens", "tokens_source",
         "cost_usd", "created_at"]

@@ -19,6 +19,9 @@ FUZZ_BATCHES = 500  # about 3,000 frames (a batch holds 1 to 12)
 # budget trim leaves the tool schema out of its estimate; bench/fuzz.py --window 4096 shows it.)
 WIDE_DEMO = {"providers": {"demo": {**DEMO, "context_window": 1_000_000}}}
 
+# The fuzz sends frames as fast as it can: the frame-rate limit (tests/test_limits.py) is lifted here.
+UNLIMITED = {"frame_rate": 1e9, "frame_burst": 1_000_000}
+
 HOSTILE = [
     "[" * 100_000 + "]" * 100_000,
     '{"type": "message", "id": "deep", "content": ' + "[" * 100_000 + "]" * 100_000 + "}",
@@ -49,7 +52,7 @@ async def answers_to(c, raw: str) -> list[dict]:
 
 @pytest.mark.anyio
 async def test_fuzz_each_known_killer_frame_is_answered(tmp_path):
-    with serve(settings_for(tmp_path)) as address, LogCapture() as logs:
+    with serve(settings_for(tmp_path, **UNLIMITED)) as address, LogCapture() as logs:
         async with client(address) as c:
             await c.hello()
             for index, raw in enumerate(HOSTILE):
@@ -68,7 +71,7 @@ async def test_fuzz_each_known_killer_frame_is_answered(tmp_path):
 
 @pytest.mark.anyio
 async def test_fuzz_lone_surrogate_in_content_is_stored_as_a_replacement_character(tmp_path):
-    with serve(settings_for(tmp_path)) as address:
+    with serve(settings_for(tmp_path, **UNLIMITED)) as address:
         async with client(address) as c:
             await c.hello()
             await c.send_raw('{"type": "message", "id": "s1", "content": "half \\ud83d pair"}')
@@ -81,7 +84,7 @@ async def test_fuzz_lone_surrogate_in_content_is_stored_as_a_replacement_charact
 
 
 def test_fuzz_the_client_protocol(tmp_path):
-    with serve(settings_for(tmp_path, WIDE_DEMO)) as address, LogCapture() as logs:
+    with serve(settings_for(tmp_path, WIDE_DEMO, **UNLIMITED)) as address, LogCapture() as logs:
         run = FuzzRun(address)
         started = time.perf_counter()
 

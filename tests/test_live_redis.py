@@ -277,6 +277,5 @@ async def taken(outbox, count: int, got: list[dict[str, Any]]) -> list[dict[str,
     with anyio.fail_after(5):
         while len(got) < count:
             await outbox.wait()
-            got.extend(outbox.frames)
-            outbox.frames.clear()
+            got.extend(packet.decoded() for packet in outbox.take())
     return got

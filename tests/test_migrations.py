@@ -58,9 +58,11 @@ INSERT INTO calls (session_id, turn_id, provider, model, route_kind, input_token
     tokens_source, cost_usd, created_at) VALUES ('old', 't1', 'demo', 'demo-small', 'default', 10, 5,
     'provider', 0.25, '2026-01-01T00:00:01.000000+00:00');
 """
-ADD_NOTES = Migration(2, "session notes", "CREATE TABLE IF NOT EXISTS notes (id TEXT PRIMARY KEY)",
+SHIPPED = [m.version for m in MIGRATIONS]  # the steps this meterchat runs on a new database
+NEXT = SHIPPED[-1] + 1  # a step a later meterchat adds
+ADD_NOTES = Migration(NEXT, "session notes", "CREATE TABLE IF NOT EXISTS notes (id TEXT PRIMARY KEY)",
                       "CREATE TABLE IF NOT EXISTS notes (id TEXT PRIMARY KEY)")
-BROKEN = Migration(2, "broken", "CREATE TABLE half (id TEXT); SELECT no_such_column FROM half",
+BROKEN = Migration(NEXT, "broken", "CREATE TABLE half (id TEXT); SELECT no_such_column FROM half",
                    "CREATE TABLE half (id TEXT); SELECT no_such_column FROM half")
 
 
@@ -98,33 +100,34 @@ def versions(database: Database) -> list[int]:
 
 
 def test_migrations_record_each_version_once(database: Database) -> None:
-    assert database.migrate() == [1]
+    assert database.migrate() == SHIPPED == [1, 2]
     assert database.migrate() == []
-    assert [row[:2] for row in database.rows("SELECT version, name FROM schema_migrations")] == \
-        [(1, "sessions, messages and calls")]
+    recorded = database.rows("SELECT version, name FROM schema_migrations ORDER BY version")
+    assert [row[:2] for row in recorded] == \
+        [(1, "sessions, messages and calls"), (2, "message times, versions and thinking; trims")]
 
 
 def test_migrations_apply_a_new_version_on_the_next_open(database: Database) -> None:
     database.migrate()
-    assert database.migrate((*MIGRATIONS, ADD_NOTES)) == [2]
+    assert database.migrate((*MIGRATIONS, ADD_NOTES)) == [NEXT]
     assert database.migrate((*MIGRATIONS, ADD_NOTES)) == []
     assert database.rows("SELECT COUNT(*) FROM notes") == [(0,)]
-    assert versions(database) == [1, 2]
+    assert versions(database) == [*SHIPPED, NEXT]
 
 
 def test_migrations_a_failing_step_leaves_nothing(database: Database) -> None:
     database.migrate()
     with pytest.raises((sqlite3.Error, psycopg.Error)):
         database.migrate((*MIGRATIONS, BROKEN))
-    assert versions(database) == [1]
+    assert versions(database) == SHIPPED
     with pytest.raises((sqlite3.Error, psycopg.Error)):
         database.rows("SELECT * FROM half")  # its first statement was rolled back too
 
 
 def test_migrations_refuse_a_database_from_a_newer_meterchat(database: Database) -> None:
     database.migrate((*MIGRATIONS, ADD_NOTES))
-    with pytest.raises(ConfigError, match=r"test db: written by a newer meterchat \(schema 2, "
-                                          r"this one reads up to 1\)"):
+    with pytest.raises(ConfigError, match=rf"test db: written by a newer meterchat \(schema {NEXT}, "
+                                          rf"this one reads up to {NEXT - 1}\)"):
         database.migrate()
 
 
@@ -142,8 +145,8 @@ def test_migrations_servers_starting_at_once_apply_each_step_once(database: Data
         thread.start()
     for thread in threads:
         thread.join()
-    assert sorted(results) == [[], [], [1]]
-    assert versions(database) == [1]
+    assert sorted(results) == [[], [], SHIPPED]
+    assert versions(database) == SHIPPED
 
 
 def test_migrations_sqlite_version_one_is_the_schema_before_migrations() -> None:
@@ -166,14 +169,16 @@ async def test_migrations_a_file_from_before_migrations_loads(tmp_path: Path) ->
         {"q": "x"}, (False, "compacted"), True)
     assert session.calls[0].cost_usd == 0.25
     with closing(sqlite_connection(tmp_path)) as raw:
-        assert raw.execute("SELECT version FROM schema_migrations").fetchall() == [(1,)]
-        assert raw.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+        # the old file is migration 1 as it stands; the later steps run on it
+        assert raw.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall() == \
+            [(v,) for v in SHIPPED]
+        assert raw.execute("SELECT version FROM schema_version").fetchall() == [(SHIPPED[-1],)]
 
 
 @pytest.mark.anyio
 async def test_migrations_keep_the_old_version_row_for_older_binaries(tmp_path: Path) -> None:
     await open_store(tmp_path).close()
     with closing(sqlite_connection(tmp_path)) as raw:
-        assert migrate_sqlite(raw, "db", (*MIGRATIONS, ADD_NOTES)) == [2]
+        assert migrate_sqlite(raw, "db", (*MIGRATIONS, ADD_NOTES)) == [NEXT]
         # meterchat before migrations reads only this row, and refuses a file above its schema 1
-        assert raw.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
+        assert raw.execute("SELECT version FROM schema_version").fetchall() == [(NEXT,)]

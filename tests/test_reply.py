@@ -53,3 +53,15 @@ def test_reply_writer_keeps_a_reply_of_tool_calls_only():
 def test_reply_writer_refuses_a_flush_before_the_first_piece():
     with pytest.raises(RuntimeError, match="before the first piece"):
         ReplyWriter("t1", flush_seconds=1.0).flush()
+
+
+def test_reply_writer_joins_pieces_incrementally_across_flushes():
+    clock = Clock()
+    writer = ReplyWriter("t1", flush_seconds=0.5, clock=clock)
+    for n in range(10):
+        writer.append(f"p{n} ")
+        clock.now += 0.3
+        if n % 3 == 0 and writer.joined:
+            assert writer.flush().content == "".join(f"p{k} " for k in range(n + 1))
+    message = writer.finish(interrupted=False)
+    assert message is not None and message.content == "".join(f"p{k} " for k in range(10))

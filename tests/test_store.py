@@ -201,6 +201,26 @@ async def test_store_delete_cascades_to_messages_and_calls(store: Store, backend
     assert backend.count("SELECT COUNT(*) FROM messages") == 1
 
 
+async def test_store_keeps_trims_and_what_a_reload_draws(store: Store, backend: Backend) -> None:
+    await store.create_session("s", title="t", route="r")
+    at = "2026-11-29T10:00:00.000001+00:00"
+    user = ChatMessage("user", "again", turn_id="t2", replaces="t1", created_at=at)
+    reply = ChatMessage("assistant", "ok", turn_id="t2", thinking="hmm", created_at=at)
+    await store.append_messages("s", [user, reply])
+    during = {"reason": "turn_limit", "dropped_turns": 1, "message_ids": ["m0"], "turn_ids": ["t0"],
+              "turn_id": "t2"}
+    restore = {"reason": "turn_limit", "dropped_turns": 1, "turn_ids": ["t1"], "after_message_id": reply.id}
+    await store.record_trim("s", during)
+    await store.record_trim("s", restore)
+    session = await store.get_session("s")
+    assert session is not None
+    assert [message_to_data(m) for m in session.messages] == [message_to_data(user), message_to_data(reply)]
+    assert [{k: v for k, v in t.items() if k != "created_at"} for t in session.trims] == [during, restore]
+    assert all(t["created_at"] for t in session.trims)
+    await store.delete_session("s")
+    assert backend.count("SELECT COUNT(*) FROM trims") == 0
+
+
 async def test_store_unknown_session_writes_raise(store: Store) -> None:
     with pytest.raises(UnknownSession):
         await store.append_messages("ghost", [ChatMessage("user", "x")])
@@ -239,7 +259,8 @@ async def test_store_file_is_in_wal_mode(tmp_path: Path) -> None:
     await store.close()
     with sqlite3.connect(tmp_path / "nested" / "dir" / FILE_NAME) as raw:
         assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-        assert raw.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+        # the newest migration (2: message times, versions, thinking, trims), for older binaries to read
+        assert raw.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
 
 
 # The version-1 messages table as the first release wrote it, spelled out, so a codec derived from
@@ -277,7 +298,10 @@ async def test_store_reads_a_version_1_file_and_writes_the_same_rows(tmp_path: P
     await store.close()
     with sqlite3.connect(tmp_path / FILE_NAME) as raw:
         rows = raw.execute("SELECT * FROM messages WHERE session_id = 'copy' ORDER BY position").fetchall()
-    assert [row[1:2] + row[3:] for row in rows] == [row[1:2] + row[3:] for row in VERSION_1_ROWS]
+    # The columns added since version 1 (created_at, replaces, thinking) follow, empty on a
+    # version-1 message.
+    added = (None, None, None)
+    assert [row[1:2] + row[3:] for row in rows] == [row[1:2] + row[3:] + added for row in VERSION_1_ROWS]
 
 
 async def test_store_refuses_a_newer_schema(tmp_path: Path) -> None:

@@ -119,8 +119,9 @@ class DemoProvider:
         yield Finish("tool_calls", model=request.model)
 
     async def _pause(self) -> None:
-        if self.profile.delay_ms > 0:
-            await anyio.sleep(self.profile.delay_ms / 1000)
+        # Even with no delay, yield between pieces as a network stream does: a whole reply in one
+        # step of the event loop would hold up every other session meanwhile.
+        await anyio.sleep(self.profile.delay_ms / 1000 if self.profile.delay_ms > 0 else 0)
 
 
 def _summarise_document(result: ChatMessage) -> str:

@@ -76,3 +76,16 @@ export async function api(path, { method = "GET", body, raw = false } = {}) {
   if (raw) return response;
   return response.status === 204 ? null : response.json();
 }
+
+// A stored image as a URL the page may show: fetched with the token, kept as a blob URL (the page's
+// CSP allows blob: images), once per image for the life of the page.
+const images = new Map();
+
+export function imageSource(path) {
+  if (!images.has(path)) {
+    const loaded = api(path, { raw: true }).then(async (response) => URL.createObjectURL(await response.blob()));
+    loaded.catch(() => images.delete(path)); // a failure may be tried again on the next draw
+    images.set(path, loaded);
+  }
+  return images.get(path);
+}

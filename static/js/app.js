@@ -28,9 +28,11 @@ const sessions = new Sessions($("sidebar"), {
   onError: (message) => showBanner(message),
 });
 let lastSent = null;
+let lastContext = null; // the meter's last reading, shown again when an edit's preview ends
 
 const composer = new Composer($("composer"), { maxImageBytes: config.max_image_bytes });
-composer.bind("send", (content, images, replaces) => sendMessage(content, images, replaces, "replaced by an edit"));
+composer.bind("send", (content, images, replaces) => sendEdit(content, images, replaces));
+composer.bind("editEnd", () => lastContext && meter.render("context", lastContext));
 composer.bind("stop", () => connection.send({ type: "stop" }));
 composer.bind("switch", (route) => connection.send({ type: "switch_model", route }));
 composer.bind("editLast", () => editTurn(transcript.lastUser()));
@@ -52,6 +54,7 @@ transcript.on((change, subject, extra) => {
 });
 
 view.bind("copy", (entry) => copyText(entry.text));
+view.bind("older", () => connection.send({ type: "history_before", before_id: transcript.oldestId() }));
 view.bind("edit", (entry) => editTurn(entry));
 view.bind("flip", (entry, step) => transcript.flip(entry.turnId, step));
 view.bind("regenerate", (entry) => {
@@ -59,19 +62,36 @@ view.bind("regenerate", (entry) => {
   if (user && composer.connected && !transcript.streaming) sendMessage(user.text, [], entry.turnId, "replaced by a regenerated reply");
 });
 
+// Edit of any sent message: the last one is replaced (retry_of); an earlier one takes every turn
+// after it out of the context too (edit_of). The meter previews the drop until the edit ends.
 function editTurn(user) {
-  if (user && user.turnId && !transcript.streaming) composer.render("edit", { text: user.text, turnId: user.turnId });
+  if (!user || !user.turnId || transcript.streaming) return;
+  const later = isLastTurn(user.turnId) ? 0 : transcript.turnsAfter(user.turnId);
+  composer.render("edit", { text: user.text, turnId: user.turnId, later });
+  connection.send({ type: "preview_edit", turn_id: user.turnId });
 }
 
-// retryOf: the turn this message replaces (a failed turn, an edited message, a regenerated reply).
-function sendMessage(content, images, retryOf = null, why = "replaced by a retry") {
+function isLastTurn(turnId) {
+  const last = transcript.lastUser();
+  return Boolean(last && last.turnId === turnId);
+}
+
+function sendEdit(content, images, turnId) {
+  if (!turnId || isLastTurn(turnId)) return sendMessage(content, images, turnId, "replaced by an edit");
+  return sendMessage(content, images, turnId, "replaced by an edit", "edit_of");
+}
+
+// retryOf: the turn this message replaces (a failed turn, an edited message, a regenerated reply);
+// field: retry_of replaces that turn alone, edit_of that turn and every later one.
+function sendMessage(content, images, retryOf = null, why = "replaced by a retry", field = "retry_of") {
   const id = uuid();
   const frame = { type: "message", id, content };
-  if (retryOf) frame.retry_of = retryOf;
+  if (retryOf) frame[field] = retryOf;
   if (images.length) frame.images = images.map(({ media_type, data }) => ({ media_type, data }));
   if (!connection.send(frame)) return false;
   lastSent = { content, images };
-  if (retryOf) transcript.replaceTurn(retryOf, id, why);
+  if (retryOf && field === "edit_of") transcript.replaceFrom(retryOf, id, why);
+  else if (retryOf) transcript.replaceTurn(retryOf, id, why);
   // `/model` is a command the server answers with a context or error frame, not a turn.
   if (/^\/model(\s|$)/.test(content)) transcript.addCommand(content);
   else transcript.addPendingUser(id, content, images.map((i) => i.dataUrl));
@@ -91,13 +111,23 @@ const handlers = {
     sessions.refresh();
   },
   history(f) {
-    transcript.reset(f.messages || []);
-    transcript.trims = [];
+    transcript.reset(f.messages || [], f.trims || [], f.turn_in_flight || null, f.older || 0);
+    view.render("older", transcript.older);
     meter.render("trims", transcript.trims);
+  },
+  history_page(f) {
+    transcript.prepend(f.messages || [], f.older || 0);
+    view.render("older", transcript.older);
   },
   accepted: (f) => transcript.accepted(f),
   context(f) {
-    meter.render("context", f);
+    // An edit's preview answers this tab's preview_edit: shown while that edit is open.
+    if (f.reason === "edit_preview") {
+      if (composer.editing) meter.render("context", f);
+      return;
+    }
+    lastContext = f;
+    if (!composer.editing) meter.render("context", f);
     composer.render("trimPreview", f.trim_preview);
     // Hints and fallbacks serve one call; only a switch or the default is the session's choice.
     if (f.route_kind === "switch" || f.route_kind === "default") composer.render("route", f);
@@ -117,6 +147,7 @@ const handlers = {
     sessions.refresh();
   },
   aborted: (f) => transcript.aborted(f),
+  turns_set_aside: (f) => transcript.turnsSetAside(f),
   error(f) {
     // A failed turn is retried in its place (retry_of); a refused message is simply sent again.
     const again = lastSent && composer.connected;

@@ -1,6 +1,6 @@
 // The input area: text box (Enter sends, Shift+Enter breaks the line), image attachments, Send and
 // Stop, the model picker and the trim preview that warns before a send drops turns. Handlers come in
-// through bind(event, handler) (send, stop, switch, editLast); state through render(command, value).
+// through bind(event, handler) (send, stop, switch, editLast, editEnd); state through render(command, value).
 
 import { el, fmt } from "./dom.js";
 
@@ -61,7 +61,7 @@ export class Composer {
       routes: () => this.setRoutes(value.routes, value.current),
       route: () => this.showRoute(value.provider, value.model),
       trimPreview: () => this.setTrimPreview(value),
-      edit: () => this.edit(value.text, value.turnId),
+      edit: () => this.edit(value.text, value.turnId, value.later || 0),
     };
     commands[command]();
   }
@@ -80,10 +80,13 @@ export class Composer {
     this.autosize();
   }
 
-  // Puts a sent message back in the box; sending it replaces that turn (retry_of).
-  edit(text, turnId) {
+  // Puts a sent message back in the box; sending it replaces that turn (and the `later` turns after it).
+  edit(text, turnId, later = 0) {
     this.input.value = text;
     this.setEditing(turnId);
+    const after = later ? ` and the ${later === 1 ? "turn" : `${later} turns`} after it` : " and its reply";
+    // The meter shows the edit's preview meanwhile (app.js asks for it): say so, or it looks like a drop.
+    this.note.firstChild.textContent = `Editing ${later ? "an earlier" : "your last"} message: sending replaces it${after}; the meter shows what would remain. `;
     this.autosize();
     this.input.focus();
     this.input.setSelectionRange(text.length, text.length);
@@ -96,8 +99,10 @@ export class Composer {
   }
 
   setEditing(turnId) {
+    const ended = this.editing && !turnId;
     this.editing = turnId || null;
     this.note.hidden = !this.editing;
+    if (ended) this.handlers.editEnd?.(); // the meter leaves the edit's preview
   }
 
   focus() {

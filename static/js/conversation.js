@@ -2,6 +2,7 @@
 // bind(event, handler) and render(change, item). Nodes carry data-* attributes written from the
 // items for the CSS and the browser tests; nothing here reads them back.
 
+import { imageSource } from "./api.js";
 import { el, fmt } from "./dom.js";
 import { flushRenders, renderNow, scheduleRender } from "./markdown.js";
 
@@ -38,6 +39,8 @@ export class ConversationView {
 
   render(change, subject, extra) {
     if (change === "reset") return this.reset(subject);
+    if (change === "prepend") return this.prepend(subject);
+    if (change === "older") return this.showOlder(subject);
     if (change === "add") return this.insert(subject, extra);
     if (change === "update") return this.update(subject);
     if (change === "last") return this.markLast(subject);
@@ -52,6 +55,29 @@ export class ConversationView {
     for (const entry of items) this.root.append(this.build(entry));
     flushRenders();
     this.scrollToBottom();
+  }
+
+  // An older page: placed above what is shown, the reader's view held where it was.
+  prepend(items) {
+    const height = this.root.scrollHeight;
+    const first = this.olderButton?.isConnected ? this.olderButton.nextSibling : this.root.firstChild;
+    for (const entry of items) this.root.insertBefore(this.build(entry), first);
+    flushRenders();
+    this.root.scrollTop += this.root.scrollHeight - height;
+  }
+
+  // The "Load older messages" button heads the column while the server holds older messages.
+  showOlder(count) {
+    if (!this.olderButton) {
+      this.olderButton = document.createElement("button");
+      this.olderButton.type = "button";
+      this.olderButton.className = "older";
+      this.olderButton.dataset.testid = "load-older";
+      this.olderButton.addEventListener("click", () => this.handlers.older?.());
+    }
+    this.olderButton.textContent = `Load older messages (${count.toLocaleString()})`;
+    if (count > 0) this.root.prepend(this.olderButton);
+    else this.olderButton.remove();
   }
 
   insert(entry, before) {
@@ -69,6 +95,7 @@ export class ConversationView {
     if (!node) return;
     this.decorate(node, entry);
     if (entry.kind === "assistant") this.fillReply(node, entry);
+    fillTime(this.nodes.get(entry.key), entry.time);
     this.queuePin();
   }
 
@@ -83,6 +110,7 @@ export class ConversationView {
     const placed = entry.kind === "user" || entry.kind === "assistant" ? el("div", { class: `msg-row ${entry.kind}` }, node, this.actions(entry)) : node;
     this.nodes.set(entry.key, placed);
     placed.hidden = Boolean(entry.versionHidden);
+    fillTime(placed, entry.time);
     return placed;
   }
 
@@ -112,7 +140,11 @@ export class ConversationView {
     this.fillVersions(node.querySelector(".versions"), entry);
     node.querySelector(".msg-foot").textContent = entry.foot || "";
     const body = node.querySelector(".msg-body");
-    if (this.rendered.get(entry.key) === entry.text) return;
+    if (this.rendered.get(entry.key) === entry.text) {
+      // A reply that ends (done, stopped) with the text it had shows it now, not a frame later.
+      if (entry.state !== "streaming") flushRenders();
+      return;
+    }
     this.rendered.set(entry.key, entry.text);
     // While a reply streams, renders are batched to one per animation frame; once it ends, now.
     if (entry.state === "streaming") scheduleRender(body, () => entry.text);
@@ -154,17 +186,14 @@ export class ConversationView {
     bar.append(copy);
     const act = (testid, text, handler) =>
       el("button", { type: "button", class: "act only-last", "data-testid": testid, text, onclick: () => this.handlers[handler]?.(entry) });
-    if (entry.kind === "user") bar.append(act("edit-message", "Edit", "edit"));
+    // Any sent message can be edited: the turns after it leave the context (the meter previews it).
+    if (entry.kind === "user") bar.append(el("button", { type: "button", class: "act edit-any", "data-testid": "edit-message", text: "Edit", onclick: () => this.handlers.edit?.(entry) }));
     if (entry.kind === "assistant") bar.append(act("regenerate", "Regenerate", "regenerate"));
-    if (entry.time) {
-      const when = new Date(entry.time);
-      bar.append(el("time", { class: "msg-time", "data-testid": "message-time", datetime: when.toISOString(), title: when.toLocaleString(), text: clock(when) }));
-    }
+    bar.append(el("time", { class: "msg-time", "data-testid": "message-time" }));
     return bar;
   }
 
-  // Edit and Regenerate are offered on the last user message and the last reply only: the
-  // protocol's `retry_of` replaces one turn, the last.
+  // Regenerate is offered on the last reply only: `retry_of` replaces one turn, the last.
   markLast({ user, reply }) {
     this.swapLast("lastUserKey", user);
     this.swapLast("lastReplyKey", reply);
@@ -215,6 +244,8 @@ const BUILDERS = {
     const node = el("article", { class: "msg user" }, el("div", { class: "msg-body plain", text: e.text }));
     if (e.dataUrls && e.dataUrls.length) {
       node.append(el("div", { class: "thumbs" }, ...e.dataUrls.map((src) => el("img", { src, alt: "attached image" }))));
+    } else if (e.imageUrls && e.imageUrls.length) {
+      node.append(el("div", { class: "thumbs" }, ...e.imageUrls.map((url) => storedImage(url))));
     } else if (e.imageCount) node.append(el("div", { class: "msg-meta", text: `${e.imageCount} image${e.imageCount === 1 ? "" : "s"} attached` }));
     return node;
   },
@@ -270,6 +301,16 @@ function toolCallNode(call, openTools) {
   return node;
 }
 
+// An image from the store: fetched with the token (an <img src> cannot send it), shown from a blob.
+function storedImage(url) {
+  const img = el("img", { alt: "attached image", "data-testid": "stored-image" });
+  imageSource(url).then(
+    (src) => (img.src = src),
+    () => img.replaceWith(el("span", { class: "msg-meta", text: "image unavailable" })),
+  );
+  return img;
+}
+
 function toolOutput(output) {
   const text = typeof output === "string" ? output : JSON.stringify(output, null, 2);
   return el("pre", { class: "tool-output", text });
@@ -282,6 +323,21 @@ function setData(dataset, name, value) {
 
 function capital(text) {
   return text.charAt(0).toUpperCase() + text.slice(1);
+}
+
+// The hover time: the server's created_at once it is known (accepted, done, history), so a reload
+// shows the same time the live page did.
+function fillTime(placed, time) {
+  const node = placed && placed.querySelector(":scope > .msg-actions > .msg-time");
+  if (!node) return;
+  node.hidden = !time;
+  if (!time) return;
+  const when = new Date(time);
+  const stamp = when.toISOString();
+  if (node.getAttribute("datetime") === stamp) return;
+  node.setAttribute("datetime", stamp);
+  node.title = when.toLocaleString();
+  node.textContent = clock(when);
 }
 
 function clock(date) {

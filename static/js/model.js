@@ -22,6 +22,7 @@ export class Transcript {
     this.replacing = new Map(); // client message id -> the turn it replaces (edit, regenerate)
     this.versions = new Map(); // turn_id -> {turns, shown}: a turn and the turns that replaced it
     this.listeners = [];
+    this.older = 0;
   }
 
   on(listener) {
@@ -69,34 +70,102 @@ export class Transcript {
     return this.items.find((i) => i.kind === "user" && i.turnId === turnId) || null;
   }
 
-  // ----- the transcript from a `history` frame -----
+  // ----- the transcript from a `history` frame: drawn as the live page drew it -----
 
-  reset(messages) {
+  // trims: the session's history_trimmed events; inFlight: the turn still running, if any;
+  // older: messages the server holds before the first one here (history paging).
+  reset(messages, trims = [], inFlight = null, older = 0) {
+    this.older = older;
     this.items = [];
     this.replies.clear();
     this.versions.clear();
-    this.pendingTurn = null;
-    for (const message of messages) this.items.push(...this.stored(message));
+    this.pendingTurn = inFlight;
+    for (const message of messages) this.items.push(...this.stored(message, inFlight));
+    this.settleTools(inFlight);
+    this.placeTrims(trims);
+    for (const entry of this.items) if (entry.replaces) this.linkVersion(entry.replaces, entry.turnId, true);
+    for (const [turnId, entry] of this.replies) if (turnId !== inFlight) this.replies.delete(turnId);
     this.emit("reset", this.items);
   }
 
-  stored(m) {
-    const base = { messageId: m.id, turnId: m.turn_id, trimmed: !!m.trimmed, excluded: m.excluded || null, text: m.content || "", time: null };
+  // An older page (`history_page`): its messages go before every item shown. Their turns are
+  // finished, so none of them is a reply that grows.
+  prepend(messages, older) {
+    const added = messages.flatMap((m) => this.stored(m, null));
+    for (const entry of added) if (entry.turnId !== this.pendingTurn) this.replies.delete(entry.turnId);
+    this.items.unshift(...added);
+    this.older = older;
+    for (const entry of added) if (entry.replaces) this.linkVersion(entry.replaces, entry.turnId, true);
+    this.emit("prepend", added);
+  }
+
+  oldestId() {
+    const first = this.items.find((i) => i.messageId);
+    return first ? first.messageId : null;
+  }
+
+  stored(m, inFlight) {
+    const time = m.created_at ? Date.parse(m.created_at) : null;
+    const base = { messageId: m.id, turnId: m.turn_id, trimmed: !!m.trimmed, excluded: m.excluded || null, text: m.content || "", time };
     if (m.breadcrumb) return [item("breadcrumb", { ...base, role: m.role })];
     if (m.summary) return [item("summary", { ...base, role: m.role })];
     if (m.role === "system") return [item("system", { ...base, role: "system" })];
-    if (m.role === "user") return [item("user", { ...base, role: "user", state: "sent", imageCount: m.images || 0 })];
-    if (m.role === "tool") {
-      this.replies.delete(m.turn_id); // a reply after a tool result is a new element
-      return [item("tool", { ...base, role: "tool", name: m.name, output: m.content })];
+    if (m.role === "user") {
+      return [item("user", { ...base, role: "user", state: "sent", imageCount: m.images || 0, imageUrls: m.image_urls || null, replaces: m.replaces || null })];
     }
-    const tools = (m.tool_calls || []).map((c) => ({ id: c.id, name: c.name, args: c.args, state: "done" }));
-    const reply = item("assistant", {
-      ...base, role: "assistant", state: m.interrupted ? "stopped" : "done", tools, thinking: "",
-      foot: m.interrupted ? "stopped" : "", route: "",
-    });
-    if (m.turn_id) this.replies.set(m.turn_id, reply);
-    return [reply];
+    if (m.role === "tool") return this.storedResult(m, base);
+    return this.storedReply(m, base, inFlight);
+  }
+
+  // A tool result lands in its call, inside the reply that asked for it, as the live page showed it.
+  storedResult(m, base) {
+    const reply = this.replies.get(m.turn_id);
+    const call = reply && reply.tools.find((t) => t.id === m.tool_call_id);
+    if (!call) return [item("tool", { ...base, role: "tool", name: m.name, output: m.content })];
+    Object.assign(call, { output: m.content, state: "done" });
+    return [];
+  }
+
+  // The live page grows one reply element per turn (tool calls, then the final text); the history
+  // has one message per provider call: they join again here.
+  storedReply(m, base, inFlight) {
+    const calls = (m.tool_calls || []).map((c) => ({ id: c.id, name: c.name, args: c.args, state: "running" }));
+    // A turn still running shows as streaming (its frames follow), not as "stopped".
+    const state = m.streaming || (inFlight && m.turn_id === inFlight) ? "streaming" : m.interrupted ? "stopped" : "done";
+    const fields = { state, foot: m.usage ? footText(m.usage) : state === "stopped" ? "stopped" : "" };
+    if (m.route) Object.assign(fields, routeFields(m.route));
+    const reply = m.turn_id ? this.replies.get(m.turn_id) : null;
+    if (reply) {
+      // The live reply's text ends as the turn's final text (done's full_response).
+      if (m.content) fields.text = m.content;
+      Object.assign(reply, fields, { tools: [...reply.tools, ...calls], thinking: reply.thinking + (m.thinking || ""), time: base.time });
+      return [];
+    }
+    const entry = item("assistant", { ...base, role: "assistant", tools: calls, thinking: m.thinking || "", route: "", ...fields });
+    if (m.turn_id) this.replies.set(m.turn_id, entry);
+    return [entry];
+  }
+
+  // A call with no result ran in a turn that ended (stopped, failed, or a server that went down).
+  settleTools(inFlight) {
+    for (const entry of this.items) {
+      if (entry.kind !== "assistant" || entry.turnId === inFlight) continue;
+      for (const call of entry.tools) if (call.state === "running") call.state = "stopped";
+    }
+  }
+
+  // Trim notices where the live page put them: above the turn they happened in, or after the
+  // message they followed (a trim on restore).
+  placeTrims(trims) {
+    this.trims = trims.map((t) => ({ ...t, time: t.created_at ? Date.parse(t.created_at) : null }));
+    for (const frame of this.trims) {
+      const notice = item("trim", { frame, time: frame.time });
+      const start = frame.turn_id ? this.items.findIndex((i) => i.turnId === frame.turn_id) : -1;
+      const after = frame.after_message_id ? this.items.findIndex((i) => i.messageId === frame.after_message_id) : -1;
+      if (start >= 0) this.items.splice(start, 0, notice);
+      else if (after >= 0) this.items.splice(after + 1, 0, notice);
+      else this.items.push(notice);
+    }
   }
 
   // ----- live frames -----
@@ -111,10 +180,12 @@ export class Transcript {
 
   accepted(f) {
     const found = this.items.find((i) => i.kind === "user" && i.clientId === f.id);
-    const entry = found || this.add(item("user", { role: "user", clientId: f.id, messageId: f.id, text: f.content, imageCount: f.images || 0 }));
-    this.update(entry, { state: "sent", turnId: f.turn_id });
+    const time = f.created_at ? Date.parse(f.created_at) : Date.now();
+    const entry = found || this.add(item("user", { role: "user", clientId: f.id, messageId: f.id, text: f.content, imageCount: f.images || 0, imageUrls: f.image_urls || null, time }));
+    this.update(entry, { state: "sent", turnId: f.turn_id, time });
     this.pendingTurn = f.turn_id;
-    const replaced = this.replacing.get(f.id);
+    // Another tab's edit or regenerate is a version too: the server echoes what it replaced.
+    const replaced = this.replacing.get(f.id) || f.retry_of || f.edit_of;
     if (replaced) {
       this.replacing.delete(f.id);
       this.linkVersion(replaced, f.turn_id);
@@ -164,24 +235,23 @@ export class Transcript {
 
   done(f) {
     const entry = this.reply(f.turn_id);
-    const parts = [`${fmt(f.input_tokens)} in`, `${fmt(f.output_tokens)} out`];
-    if (typeof f.cost_usd === "number" && f.cost_usd > 0) parts.push(`$${f.cost_usd.toFixed(4)}`);
     const route = f.model ? `${f.provider}/${f.model}` : f.provider;
-    this.update(entry, { text: f.full_response ?? entry.text, state: "done", route, foot: parts.join(" · "), doneAt: Date.now() });
+    const time = f.created_at ? Date.parse(f.created_at) : entry.time; // the server's clock, as a reload shows it
+    this.update(entry, { text: f.full_response ?? entry.text, state: "done", route, foot: footText(f), doneAt: Date.now(), time });
     this.finishTurn(f.turn_id);
     this.emit("finished", entry);
   }
 
   aborted(f) {
     const entry = this.replies.get(f.turn_id);
-    if (entry) this.update(entry, { state: "stopped", foot: "stopped" });
+    if (entry) this.update(entry, { state: "stopped", foot: "stopped", tools: stopped(entry.tools) });
     else this.add(item("notice", { level: "info", text: "Stopped before the reply began." }));
     this.finishTurn(f.turn_id);
   }
 
   error(f, retry) {
     const entry = f.turn_id ? this.replies.get(f.turn_id) : null;
-    if (entry) this.update(entry, { state: "error" });
+    if (entry) this.update(entry, { state: "error", tools: stopped(entry.tools) });
     // A message the server refused stays shown, marked; the rest of the page carries on.
     const refused = this.items.filter((i) => i.kind === "user" && (f.message_id ? i.clientId === f.message_id : i.state === "pending"));
     for (const user of refused) this.update(user, { state: "failed" });
@@ -235,13 +305,15 @@ export class Transcript {
     this.replacing.set(clientId, turnId);
   }
 
-  linkVersion(oldTurn, newTurn) {
+  // quiet: while a history frame is read (the items are drawn once, after).
+  linkVersion(oldTurn, newTurn, quiet = false) {
     const group = this.versions.get(oldTurn) || { turns: [oldTurn], shown: 0 };
+    if (group.turns.includes(newTurn)) return;
     group.turns.push(newTurn);
     group.shown = group.turns.length - 1;
     this.versions.set(oldTurn, group);
     this.versions.set(newTurn, group);
-    this.showVersion(group);
+    this.showVersion(group, quiet);
   }
 
   // Steps the shown version of a turn back (-1) or forward (+1); the others stay in the model, hidden.
@@ -252,11 +324,13 @@ export class Transcript {
     this.showVersion(group);
   }
 
-  showVersion(group) {
+  showVersion(group, quiet = false) {
     const shown = group.turns[group.shown];
     for (const entry of this.items) {
       if (!group.turns.includes(entry.turnId)) continue;
-      this.update(entry, { versionHidden: entry.turnId !== shown, version: this.versionLabel(entry.turnId) });
+      const patch = { versionHidden: entry.turnId !== shown, version: this.versionLabel(entry.turnId) };
+      if (quiet) Object.assign(entry, patch);
+      else this.update(entry, patch);
     }
   }
 
@@ -265,8 +339,50 @@ export class Transcript {
     return group ? { index: group.turns.indexOf(turnId) + 1, count: group.turns.length } : null;
   }
 
-  setAside(turnId, why) {
-    // A replaced turn stays on the page, greyed: the server no longer sends it to the model.
-    for (const entry of this.items) if (entry.turnId === turnId) this.update(entry, { excluded: why });
+  // An edit of an earlier message: that turn and every later one leave the context.
+  replaceFrom(turnId, clientId, why) {
+    for (const turn of this.turnsFrom(turnId)) this.setAside(turn, why);
+    this.replacing.set(clientId, turnId);
   }
+
+  turnsFrom(turnId) {
+    const order = [...new Set(this.items.filter((i) => i.turnId).map((i) => i.turnId))];
+    const start = order.indexOf(turnId);
+    return start < 0 ? [] : order.slice(start);
+  }
+
+  turnsAfter(turnId) {
+    return Math.max(0, this.turnsFrom(turnId).length - 1);
+  }
+
+  // A replaced turn stays on the page, greyed: the server no longer sends it to the model. As on
+  // the server, what a trim or an earlier set-aside already left out keeps its mark; the server's
+  // own word (`turns_set_aside`) replaces this tab's guess.
+  setAside(turnId, why, fromServer = false) {
+    for (const entry of this.items) {
+      if (entry.turnId !== turnId || entry.trimmed || (entry.excluded && !(fromServer && entry.guessed))) continue;
+      this.update(entry, { excluded: why, guessed: !fromServer });
+    }
+  }
+
+  // The server's word on which turns left the context (this tab's edit, or another tab's).
+  turnsSetAside(f) {
+    for (const turnId of f.turn_ids || []) this.setAside(turnId, f.reason, true);
+  }
+}
+
+// A reply's footer: what its turn's `done` reported (the history's `usage` has the same fields).
+export function footText(f) {
+  const parts = [`${fmt(f.input_tokens)} in`, `${fmt(f.output_tokens)} out`];
+  if (typeof f.cost_usd === "number" && f.cost_usd > 0) parts.push(`$${f.cost_usd.toFixed(4)}`);
+  return parts.join(" · ");
+}
+
+function routeFields(r) {
+  const label = r.model ? `${r.provider}/${r.model}` : r.provider;
+  return { route: label, routeTitle: `Served by ${label} (${r.route_kind})` };
+}
+
+function stopped(tools) {
+  return tools.map((t) => (t.state === "running" ? { ...t, state: "stopped" } : t));
 }

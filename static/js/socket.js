@@ -4,7 +4,7 @@
 // server replays after a reconnect are applied once. `session` and `history` frames are exempt: a
 // history frame replaces the whole transcript, so it becomes the new baseline even if the server's
 // counter restarted lower (a server restart, or a resume it could not replay). `error` frames are
-// never dropped (see receive).
+// never dropped, nor is an edit's preview or a `history_page` (answers to this connection; see receive).
 
 import { socketProtocols } from "./api.js";
 
@@ -81,9 +81,11 @@ export class Connection {
       this.onStatus("online");
     } else if (frame.type === "history") {
       if (seq !== null) this.lastSeq = seq;
-    } else if (frame.type === "error") {
-      // Errors answering this connection's own request are not in the session's replay log and
-      // may repeat the current seq; dropping one would hide why a message went nowhere.
+    } else if (frame.type === "history_page") {
+      // An older page this connection asked for: it carries the current seq and advances nothing.
+    } else if (frame.type === "error" || (frame.type === "context" && frame.reason === "edit_preview")) {
+      // Errors and edit previews answering this connection's own request are not in the session's
+      // replay log and repeat the current seq; dropping one would hide why a message went nowhere.
       if (seq !== null) this.lastSeq = Math.max(this.lastSeq, seq);
     } else if (seq !== null) {
       if (seq <= this.lastSeq) return;

@@ -1,0 +1,94 @@
+"""``Flusher`` over the real SQLite store: the replies of several sessions in one transaction, and
+no flush taken before a reply ended ever lands after its final save."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+import pytest
+
+from server.flusher import Flusher
+from server.history import ChatMessage
+from server.store_sqlite import SqliteStore
+
+pytestmark = pytest.mark.anyio
+
+
+class GatedStore(SqliteStore):
+    """The real store; a batch waits at the gate, so a test can act while it is in flight."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.entered = anyio.Event()
+        self.gate = anyio.Event()
+
+    async def save_batch(self, batch: Mapping[str, Sequence[ChatMessage]]) -> None:
+        self.entered.set()
+        await self.gate.wait()
+        await super().save_batch(batch)
+
+
+def reply(text: str) -> ChatMessage:
+    return ChatMessage("assistant", text, turn_id="t", interrupted=True, id="r1")
+
+
+async def contents(store: SqliteStore, session_id: str) -> list[str]:
+    stored = await store.get_session(session_id)
+    assert stored is not None
+    return [m.content for m in stored.messages]
+
+
+async def test_flusher_saves_what_fell_due_together_in_one_transaction(tmp_path):
+    store = GatedStore.open(tmp_path)
+    for sid in ("a", "b", "c"):
+        await store.create_session(sid, title=sid, route="demo/demo-small")
+    await store.delete_session("b")  # deleted mid-stream: skipped, the others still saved
+    async with anyio.create_task_group() as tasks:
+        flusher = Flusher(store, tasks)
+        for sid in ("a", "b", "c"):
+            flusher.due(sid, reply(f"text of {sid}"))
+        await store.entered.wait()
+        store.gate.set()
+        await flusher.settle("nobody")  # waits for the batch in flight
+    assert flusher.batches == 1
+    assert await contents(store, "a") == ["text of a"] and await contents(store, "c") == ["text of c"]
+    await store.close()
+
+
+async def test_a_flush_in_flight_never_lands_after_the_final_save(tmp_path):
+    store = GatedStore.open(tmp_path)
+    await store.create_session("s", title="s", route="demo/demo-small")
+    finished = anyio.Event()
+
+    async def finish(flusher: Flusher) -> None:  # what Turn.finish_reply does
+        await flusher.settle("s")
+        final = reply("partial and the rest")
+        final.interrupted = False
+        await store.save_messages("s", [final])
+        finished.set()
+
+    async with anyio.create_task_group() as tasks:
+        flusher = Flusher(store, tasks)
+        flusher.due("s", reply("partial"))
+        await store.entered.wait()  # the stale flush is in flight
+        tasks.start_soon(finish, flusher)
+        store.gate.set()
+        await finished.wait()
+    stored = await store.get_session("s")
+    assert stored is not None and [(m.content, m.interrupted) for m in stored.messages] == [
+        ("partial and the rest", False)]
+    await store.close()
+
+
+async def test_settle_forgets_a_flush_not_yet_written(tmp_path):
+    store = GatedStore.open(tmp_path)
+    await store.create_session("s", title="s", route="demo/demo-small")
+    store.gate.set()
+    async with anyio.create_task_group() as tasks:
+        flusher = Flusher(store, tasks)
+        flusher.due("s", reply("stale"))
+        await flusher.settle("s")  # before the flusher's task ran: nothing of it is written
+    assert await contents(store, "s") == [] and flusher.batches == 0
+    await store.close()
