@@ -40,6 +40,7 @@ from server.connection import Connection
 from server.events import EventBus, sse_stream
 from server.hub import SessionHub
 from server.images import find_image, image_response
+from server.live_redis import RedisLive
 from server.providers import build_provider
 from server.routing import RouteResolver
 from server.runtime import Runtime
@@ -111,15 +112,20 @@ def create_app(settings: Settings | None = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[AppState]:
         providers = {alias: build_provider(p) for alias, p in settings.providers.items()}
+        live = RedisLive(settings.live, EventBus()) if settings.live.url else None
         try:
             async with anyio.create_task_group() as tasks:
-                rt = Runtime(settings, store, providers, RouteResolver(settings, providers), EventBus(),
-                             tasks)
-                hub = SessionHub(rt)
+                rt = Runtime(settings, store, providers, RouteResolver(settings, providers),
+                             live.bus if live else EventBus(), tasks)
+                if live is not None:
+                    await live.start(tasks, rt.resolver)
+                hub = SessionHub(rt, live)
                 app.state.drain = hub.drain  # awaited first on SIGTERM (server.serving.DrainingServer)
                 yield {"store": store, "on_change": live_sessions_follow(hub), "hub": hub, "bus": rt.bus}
                 tasks.cancel_scope.cancel()
         finally:
+            if live is not None:
+                await live.aclose()
             for provider in providers.values():
                 await provider.aclose()
             await store.close()

@@ -4,9 +4,9 @@
 every socket sends; no encoding per connection), keeps the recent texts in a size-bounded
 ``FrameLog`` and pushes the packet to every attached ``Outbox`` (several tabs may watch one session)
 and the frame to the observer bus. ``attach(outbox, last_seq, ...)`` decides what a joining client
-receives first: the frames it missed, or a fresh snapshot when the log no longer reaches back. This
-is the whole interface a shared bus (Redis streams) would have to implement to spread a session over
-servers.
+receives first: the frames it missed, or a fresh snapshot when the log no longer reaches back.
+``emit``, ``join`` (the awaitable ``attach``) and ``detach`` are the whole interface a shared bus
+implements to spread a session over servers: ``live_redis.RedisChannel`` does, on Redis streams.
 
 Sizes are true, not estimated: the log counts what its texts hold in memory (``sys.getsizeof`` plus
 the deque slot and allocator rounding, measured with bench/memory.py), an outbox counts the bytes
@@ -81,6 +81,12 @@ class Outbox:
         self.bytes = 0  # queued or taken by the writer and not yet handed to the socket
         self._ready = anyio.Event()
         self.overflow = anyio.Event()
+        self.ending: str | None = None  # why the socket closes on purpose once what is queued is sent
+
+    def end(self, reason: str) -> None:
+        """Have the writer close the socket (1013) after what is queued; the client resumes by seq."""
+        self.ending = reason
+        self._ready.set()
 
     @property
     def overflowed(self) -> bool:
@@ -103,7 +109,7 @@ class Outbox:
         self.bytes -= size
 
     async def wait(self) -> None:
-        while not self.frames:
+        while not self.frames and self.ending is None:
             await self._ready.wait()
             self._ready = anyio.Event()
 
@@ -191,6 +197,13 @@ class FrameChannel:
             outbox.push(packet)
         self._outboxes.add(outbox)
         return replay is not None
+
+    async def join(self, outbox: Outbox, last_seq: int | None, *, head: Callable[[int], Frame],
+                   snapshot: Callable[[], list[Frame]],
+                   turn: tuple[int, Callable[[], list[Frame]]] | None = None) -> bool:
+        """``attach`` for callers that also serve a shared channel (``live_redis.RedisChannel``),
+        which reads Redis first; ``turn`` matters only there (a turn running on another instance)."""
+        return self.attach(outbox, last_seq, head=head, snapshot=snapshot)
 
     def detach(self, outbox: Outbox) -> bool:
         """Leave the channel; True when nobody watches the session any more."""

@@ -4,9 +4,10 @@ The settings dataclasses are the table: each field that is a setting carries its
 help (``setting(...)``, ``required(...)``), and ``SCHEMA`` and the other schemas are read from them,
 so a default is written in one place.
 
-Every scalar setting of ``[server]``, ``[store]``, ``[runtime]``, ``[runtime.history_pruning]`` and
-``[runtime.compaction]`` can be overridden by ``METERCHAT_<SECTION>_<KEY>`` (dots in the section
-become underscores, e.g. ``METERCHAT_RUNTIME_HISTORY_PRUNING_ENABLED``); ``METERCHAT_DATA_DIR`` and
+Every scalar setting of ``[server]``, ``[store]``, ``[live]``, ``[runtime]``,
+``[runtime.history_pruning]`` and ``[runtime.compaction]`` can be overridden by
+``METERCHAT_<SECTION>_<KEY>`` (dots in the section become underscores, e.g.
+``METERCHAT_RUNTIME_HISTORY_PRUNING_ENABLED``); ``METERCHAT_DATA_DIR`` and
 ``METERCHAT_DEFAULT_ROUTE`` are short forms. A bad file stops start-up with a ``ConfigError`` naming
 the key. With no file and no providers, the embedded offline ``demo`` provider is the default.
 """
@@ -90,6 +91,13 @@ class StoreSettings:
     url: str = setting("", "postgresql://USER@HOST:PORT/DB for the shared store; empty = SQLite.")
     pool_size: int = setting(10, "Most PostgreSQL connections one server holds.")
     timeout_seconds: float = setting(10.0, "How long a write waits (PostgreSQL, or a locked SQLite file).")
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    url: str = setting("", "redis://HOST:PORT/DB shared by every instance; empty = in-process.")
+    lease_ttl_ms: int = setting(10000, "A turn's lease; an instance silent this long is taken over.")
+    stream_max_frames: int = setting(10000, "Frames kept per session stream (MAXLEN ~) for resume.")
 
 
 @dataclass(frozen=True)
@@ -186,6 +194,7 @@ class Settings:
     classifier_rules: list[ClassifierRule]
     source: str = "embedded default"
     store: StoreSettings = field(default_factory=StoreSettings)
+    live: LiveSettings = field(default_factory=LiveSettings)
 
 
 def _setting_type(hint: Any) -> type:
@@ -214,6 +223,7 @@ def _default(f: Field[Any]) -> Any:
 SCHEMA: dict[str, tuple[Setting, ...]] = {
     "server": schema_of(ServerSettings),
     "store": schema_of(StoreSettings),
+    "live": schema_of(LiveSettings),
     "runtime": schema_of(RuntimeSettings),
     "runtime.history_pruning": schema_of(HistoryPruning),
     "runtime.compaction": schema_of(CompactionSettings),
@@ -355,7 +365,8 @@ def check_route(route: str, providers: Mapping[str, ProviderProfile], key: str) 
 def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
                           source: str = "embedded default") -> Settings:
     env = os.environ if env is None else env
-    allowed = {"server", "store", "runtime", "providers", "default_route", "model_routes", "classifier"}
+    allowed = {"server", "store", "live", "runtime", "providers", "default_route", "model_routes",
+               "classifier"}
     for key in data:
         if key not in allowed:
             raise ConfigError(f"{key}: unknown setting")
@@ -393,7 +404,16 @@ def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None
         check_route(route.provider, providers, f"model_routes[{index}].provider")
     rules = [ClassifierRule(**row) for row in _read_list(classifier, "rules", RULE_SCHEMA, "classifier.")]
     return Settings(ServerSettings(**server), RuntimeSettings(**runtime), providers, default_route,
-                    routes, rules, source, StoreSettings(**_read_section(data, "store", env)))
+                    routes, rules, source, StoreSettings(**_read_section(data, "store", env)),
+                    _read_live(data, env))
+
+
+def _read_live(data: Mapping[str, Any], env: Mapping[str, str]) -> LiveSettings:
+    live = _read_section(data, "live", env)
+    for key in ("lease_ttl_ms", "stream_max_frames"):
+        if live[key] <= 0:
+            raise ConfigError(f"live.{key}: expected a positive integer, got {live[key]!r}")
+    return LiveSettings(**live)
 
 
 def load_settings(path: str | os.PathLike[str] | None = None,

@@ -27,6 +27,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from server.channel import Frame, Outbox, Packet
 from server.errors import BadFrame, FrameFlood, MeterchatError, error_frame
 from server.hub import SessionHub
+from server.lease import LiveUnavailable
 from server.limits import TokenBucket
 from server.protocol import MAX_FRAME_BYTES, ClientFrame, parse_client_frame
 from server.session import Session
@@ -191,32 +192,53 @@ class Connection:
             self.send_local(await self.hub.preview_edit(session, frame.get("turn_id")))
 
     async def hello(self, frame: ClientFrame) -> None:
-        self.session = await self.hub.attach(self.outbox, frame.get("session_id"), frame.get("last_seq"))
+        try:
+            self.session = await self.hub.attach(self.outbox, frame.get("session_id"), frame.get("last_seq"))
+        except LiveUnavailable as exc:
+            # The live stream is away: say so and close, so the client reconnects with its backoff
+            # instead of waiting on a socket that will never open the session. A store outage is
+            # answered like any other error: the connection stays and the client may say hello again.
+            self.send_local(error_frame(exc))
+            self.outbox.end("try again later; reconnect with last_seq")
+            return
         self.state = ConnState.OPEN
 
     async def write_loop(self) -> None:
         """Send what the outbox holds; a client that falls ``max_outbox_bytes`` behind is closed
-        with 1008 even while a send waits on its full socket."""
+        with 1008 even while a send waits on its full socket, an ended outbox with 1013 once what
+        it holds is sent."""
         async with anyio.create_task_group() as tasks:
-            tasks.start_soon(self.send_loop)
+            tasks.start_soon(self.send_loop, tasks.cancel_scope)
             await self.outbox.overflow.wait()
             tasks.cancel_scope.cancel()
+        if self.outbox.overflowed:
+            await self.close(1008, "client too slow; reconnect with last_seq")
+        elif self.outbox.ending is not None:
+            await self.close(1013, self.outbox.ending)
+
+    async def close(self, code: int, reason: str) -> None:
         with anyio.move_on_after(CLOSE_SECONDS):  # a peer that never reads never takes the close
             try:
-                await self.ws.close(code=1008, reason="client too slow; reconnect with last_seq")
+                await self.ws.close(code=code, reason=reason)
             except (WebSocketDisconnect, RuntimeError):
                 pass
 
-    async def send_loop(self) -> None:
+    async def send_loop(self, done: anyio.CancelScope) -> None:
+        """Send until the socket is gone or the outbox was ended and is empty; then ``done``."""
         outbox = self.outbox
-        while True:
-            await outbox.wait()
-            if self.coalesce_seconds and outbox.frames[0].frame is not None:
-                await anyio.sleep(self.coalesce_seconds)
-            # Adaptive: chunks that piled up while the loop was busy leave as one frame.
-            for packet in coalesce(outbox.take()):
-                try:
-                    await self.ws.send_text(packet.text)
-                except (WebSocketDisconnect, RuntimeError):
+        try:
+            while True:
+                await outbox.wait()
+                if not outbox.frames:  # ended, and everything before the end is sent
                     return
-                outbox.sent(packet.size)
+                if self.coalesce_seconds and outbox.frames[0].frame is not None:
+                    await anyio.sleep(self.coalesce_seconds)
+                # Adaptive: chunks that piled up while the loop was busy leave as one frame.
+                for packet in coalesce(outbox.take()):
+                    try:
+                        await self.ws.send_text(packet.text)
+                    except (WebSocketDisconnect, RuntimeError):
+                        return
+                    outbox.sent(packet.size)
+        finally:
+            done.cancel()

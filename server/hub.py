@@ -5,6 +5,11 @@ a message becomes a durable user message and a ``Turn``; ``/model <route>`` and 
 change the session's route (a turn in flight finishes on the route it started with); ``stop``
 cancels the turn from any connected client. A stored session is restored with the turn limit and
 the orphan sweep applied, and the trim is announced to the first client that opens it.
+
+Live mode (``[live] url``, several instances): sessions' channels are ``RedisChannel``s, a session
+another instance changed is read again from the store before it is used here, and ``LiveTurns``
+(live_turns.py) holds the lease of each turn, forwards ``stop`` and closes the turns of an instance
+that died (docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from server.compaction_runner import compaction_for
 from server.errors import BadFrame, Busy, StoreUnavailable, UnknownRoute, UnknownSession, error_frame
 from server.history import ChatMessage, Image
 from server.images import decode_images
+from server.lease import Claim
+from server.live_redis import RedisChannel, RedisLive
+from server.live_turns import LiveTurns
 from server.protocol import EDIT_PREVIEW, ImagePayload, echo, server_frame
 from server.routing import Route
 from server.runtime import Runtime
@@ -44,9 +52,11 @@ def new_session_id() -> str:
 
 
 class SessionHub:
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, live: RedisLive | None = None) -> None:
         self.rt = rt
+        self.live = live
         self.sessions: dict[str, Session] = {}
+        self.live_turns = LiveTurns(live, self.sessions, self.spawn) if live is not None else None
         self.compaction = compaction_for(rt.options)
         self.coalesce_seconds = rt.settings.server.coalesce_ms / 1000
         self._pending_restore: set[str] = set()
@@ -71,6 +81,9 @@ class SessionHub:
     async def open(self, session_id: str | None) -> Session:
         async with self._lock:
             session = self.sessions.pop(session_id, None) if session_id else None
+            if session is not None:
+                self.sessions[session.id] = session
+                session = await self.current(session)
             if session is None and session_id:
                 session = await self._load(session_id)
             if session is None:
@@ -92,8 +105,11 @@ class SessionHub:
                 excess -= 1
 
     def _session(self, session_id: str, title: str, route: Route, transcript: list[ChatMessage],
-                 first_seq: int = 0, stored: StoredSession | None = None) -> Session:
-        channel = FrameChannel(session_id, self.rt.bus, first_seq)
+                 first_seq: int = 0, stored: StoredSession | None = None,
+                 channel: FrameChannel | None = None) -> Session:
+        if channel is None:
+            channel = self.live.channel(session_id) if self.live else FrameChannel(session_id, self.rt.bus,
+                                                                                    first_seq)
         return Session(session_id, title, route, transcript, channel=channel, store=self.rt.store,
                        meter=self.rt.meter, image_token_cost=self.rt.options.image_token_cost,
                        calls=stored.calls if stored else None, trims=stored.trims if stored else None)
@@ -124,15 +140,17 @@ class SessionHub:
             log.warning("stored route %s is no longer configured; using %s", name, default.name)
             return default
 
-    async def _load(self, session_id: str) -> Session | None:
+    async def _load(self, session_id: str, channel: FrameChannel | None = None) -> Session | None:
         stored = await self.rt.store.get_session(session_id)
         if stored is None:
             return None
         # A reloaded session numbers its frames from now (in microseconds), above anything an earlier
         # incarnation sent, so a client's old last_seq can never be mistaken for one of these.
         session = self._session(stored.id, stored.title, self._stored_route(stored.route), stored.messages,
-                                first_seq=time.time_ns() // 1000, stored=stored)
-        await session.set_aside_orphans()
+                                first_seq=time.time_ns() // 1000, stored=stored, channel=channel)
+        # A tool call whose result is missing may be one another instance is running right now.
+        if self.live is None or await self.live.lease.holder(session_id) is None:
+            await session.set_aside_orphans()
         self._pending_restore.add(session.id)
         return session
 
@@ -154,10 +172,12 @@ class SessionHub:
         session = await self.open(session_id)
         resumed = session_id == session.id
         routes = self.rt.resolver.routes()
-        replayed = session.channel.attach(
+        page = self.rt.settings.server.history_page_messages
+        replayed = await session.channel.join(
             outbox, last_seq if resumed else None,
             head=lambda seq: session_frame(session, resumed=resumed, seq=seq, routes=routes),
-            snapshot=lambda: [history_frame(session, self.rt.settings.server.history_page_messages)])
+            snapshot=lambda: [history_frame(session, page)],
+            turn=await self.live_turns.remote_turn(session, page) if self.live_turns else None)
         if not replayed:
             # In the background: a window discovery on a slow provider must not hold the reader.
             self.spawn(self.after_hello, session)
@@ -165,8 +185,11 @@ class SessionHub:
 
     def detach(self, session: Session, outbox: Outbox) -> None:
         """A client left; with nobody watching, the turn stops unless ``server.keep_generating``."""
-        if session.channel.detach(outbox) and not self.rt.settings.server.keep_generating:
-            self.stop(session)
+        session = self.sessions.get(session.id, session)
+        if session.channel.detach(outbox):
+            if not self.rt.settings.server.keep_generating:
+                self.stop(session, remote=False)
+            self._forget_idle(session)
 
     async def after_hello(self, session: Session) -> None:
         """Announce the restore trim (once) and send the meter for the session's route."""
@@ -184,7 +207,7 @@ class SessionHub:
         self.rt.bus.close()
         handles = [session.turn for session in self.sessions.values() if session.turn is not None]
         for session in self.sessions.values():
-            self.stop(session)
+            self.stop(session, remote=False)  # only the turns this instance runs
         with anyio.move_on_after(grace):
             for handle in handles:
                 await handle.done.wait()
@@ -203,18 +226,23 @@ class SessionHub:
     def deleted(self, session_id: str) -> None:
         """The session was deleted through the API: stop its turn and tell its open tabs."""
         session = self.sessions.pop(session_id, None)
-        if session is None:
-            return
-        self.stop(session)
-        session.emit(error_frame(UnknownSession("this session was deleted; start a new chat")))
+        if session is not None:
+            self.stop(session)
+        channel = session.channel if session else self._shared_channel(session_id)
+        if channel is not None:
+            channel.emit(error_frame(UnknownSession("this session was deleted; start a new chat")))
+        if session is None and self.live_turns is not None:
+            self.spawn(self.live_turns.stop_remote, session_id)
 
     async def renamed(self, session_id: str) -> None:
-        """The session was renamed through the API: its open tabs show the new title."""
+        """The session was renamed through the API: its open tabs (on any instance) show the new title."""
         session = self.sessions.get(session_id)
-        summary = await self.rt.store.get_summary(session_id) if session else None
-        if session is not None and summary is not None:
-            session.title = summary.title
-            session.emit(server_frame("title", title=summary.title))
+        channel = session.channel if session else self._shared_channel(session_id)
+        summary = await self.rt.store.get_summary(session_id) if channel else None
+        if channel is not None and summary is not None:
+            if session is not None:
+                session.title = summary.title
+            channel.emit(server_frame("title", title=summary.title))
 
     def spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run ``fn`` in the app's task group; a failure is logged, never allowed to stop the server."""
@@ -229,6 +257,7 @@ class SessionHub:
     # --- requests -----------------------------------------------------------------------------
 
     async def switch(self, session: Session, route_text: str) -> None:
+        session = await self.current(session)
         route = self.rt.resolver.parse(route_text.strip(), kind="switch")
         session.route = route
         if session.stored:  # a session not yet stored takes its route along when it is
@@ -253,13 +282,18 @@ class SessionHub:
         page = self.rt.settings.server.history_page_messages
         return history_page_frame(session, before_id, min(limit or page, page))
 
-    def stop(self, session: Session) -> None:
+    def stop(self, session: Session, remote: bool = True) -> None:
+        """Cancel the session's turn: here, or (``remote``) on the instance that runs it."""
+        session = self.sessions.get(session.id, session)
         if session.turn is not None:
             session.turn.cancel_scope.cancel()
+        elif remote and self.live_turns is not None:
+            self.spawn(self.live_turns.stop_remote, session.id)
 
     async def submit(self, session: Session, message_id: str, content: str,
                      payloads: list[ImagePayload], retry_of: str | None = None,
                      edit_of: str | None = None) -> None:
+        session = await self.current(session)
         if message_id in session.client_ids:
             return  # a client resending after a reconnect: the message is already durable
         if content.strip().split(" ", 1)[0] == MODEL_COMMAND:
@@ -276,14 +310,21 @@ class SessionHub:
         turn_id = uuid.uuid4().hex[:12]
         # Claim the session before the first await: two tabs sending at once start one turn.
         handle = session.turn = TurnHandle(turn_id, anyio.CancelScope())
+        claim: Claim | None = None
         try:
+            claim = await self.live_turns.claim(session, turn_id) if self.live_turns else None
             route, text = await self._accept(session, message_id, content, images, turn_id, replaces)
         except BaseException:
             session.turn = None
+            if claim is not None and self.live_turns is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.live_turns.release(session, claim)
             raise
         await self._maybe_title(session, text)
         turn = Turn(self.rt, session, turn_id, route, self.compaction)
-        self.spawn(self._run_turn, session, turn, handle)
+        if claim is not None and self.live_turns is not None:
+            self.spawn(self.live_turns.heartbeat, session, handle, claim)
+        self.spawn(self._run_turn, session, turn, handle, claim)
 
     async def _accept(self, session: Session, message_id: str, content: str, images: list[Image],
                       turn_id: str, replaces: Replaces | None) -> tuple[Route, str]:
@@ -324,7 +365,7 @@ class SessionHub:
         await self.rt.store.rename_session(session.id, title)
         session.emit(server_frame("title", title=title))
 
-    async def _run_turn(self, session: Session, turn: Turn, handle: TurnHandle) -> None:
+    async def _run_turn(self, session: Session, turn: Turn, handle: TurnHandle, claim: Claim | None) -> None:
         try:
             if turn.route != session.route:
                 await turn.emit_meter("hint")
@@ -336,6 +377,9 @@ class SessionHub:
         finally:
             session.turn = None
             handle.done.set()
+            if claim is not None and self.live_turns is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.live_turns.release(session, claim)
             if session.unsaved and session.id not in self._retrying:
                 self._retrying.add(session.id)
                 self.spawn(self._write_unsaved, session)
@@ -363,3 +407,26 @@ class SessionHub:
                     "the session store is writable again: the reply it refused is now saved")))
         finally:
             self._retrying.discard(session.id)
+
+    # --- several instances (live mode) --------------------------------------------------------
+
+    async def current(self, session: Session) -> Session:
+        """The cached session, reloaded from the store when another instance changed it (its
+        frames came through the shared stream) and no turn runs on it here."""
+        cached = self.sessions.get(session.id, session)
+        channel = cached.channel
+        if not isinstance(channel, RedisChannel) or not channel.stale or cached.turn or cached.unsaved:
+            return cached
+        channel.stale = False
+        fresh = await self._load(cached.id, channel=channel)
+        if fresh is None:
+            return cached
+        self.sessions[fresh.id] = fresh
+        return fresh
+
+    def _forget_idle(self, session: Session) -> None:
+        if self.live_turns is not None:
+            self.live_turns.forget_idle(session)
+
+    def _shared_channel(self, session_id: str) -> FrameChannel | None:
+        return self.live.channel(session_id) if self.live is not None else None

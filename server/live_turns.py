@@ -1,0 +1,126 @@
+"""The session hub's part in live mode (``[live] url``): one turn, one instance.
+
+``LiveTurns`` takes the session's lease before a turn (``Busy`` when any instance runs one), beats
+it while the turn runs and releases it after; forwards ``stop`` to the instance that holds the
+lease; answers the ``stop`` another instance forwards; closes the turn of an instance that died
+(``instance_lost``); and tells a client joining mid-turn where the turn's frames start. The hub
+calls it only when live mode is on; ``sessions`` is the hub's own cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from server.channel import Frame
+from server.errors import Busy, error_frame
+from server.lease import Claim, InstanceLost, LiveUnavailable
+from server.live_redis import RedisLive
+from server.session import Session, TurnHandle
+from server.views import history_frame
+
+log = logging.getLogger(__name__)
+
+
+def lost_turn(orphan: Claim) -> Frame:
+    return error_frame(InstanceLost("the server writing this reply stopped; the text so far is kept, "
+                                    "marked interrupted"), turn_id=orphan.turn_id)
+
+
+class LiveTurns:
+    def __init__(self, live: RedisLive, sessions: dict[str, Session],
+                 spawn: Callable[..., None]) -> None:
+        self.live = live
+        self.sessions = sessions
+        live.on_control = self.on_control
+        live.on_orphan = lambda session_id, claim: spawn(self.take_over, session_id, claim)
+
+    def forget_idle(self, session: Session) -> None:
+        """Keep only sessions watched or running here: another instance may change the rest, so
+        they are read from the store again when next opened."""
+        if session.channel.watched or session.turn is not None or session.unsaved:
+            return  # a reply the store refused stays until _write_unsaved writes it
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
+
+    async def remote_turn(self, session: Session, page: int) -> tuple[int, Callable[[], list[Frame]]] | None:
+        """A turn running on another instance: where its frames start, and the snapshot (the newest
+        ``page`` messages) without it."""
+        if session.turn is not None:
+            return None
+        claim = await self.live.lease.holder(session.id)
+        if claim is None or claim.instance == self.live.instance:
+            return None
+
+        def before() -> list[Frame]:
+            frame = history_frame(session, page)
+            kept = [m for m in frame["messages"] if m.get("turn_id") != claim.turn_id]
+            return [{**frame, "messages": kept}]
+        return claim.start, before
+
+    async def claim(self, session: Session, turn_id: str) -> Claim:
+        """The session's lease for ``turn_id``, or ``Busy`` when a turn runs on any instance."""
+        got = await self.live.lease.acquire(session.id, turn_id)
+        if got is None:
+            raise Busy("a reply is still being written in this session (on another server); stop it or wait")
+        claim, orphan = got
+        if orphan is not None:  # a dead instance's turn nobody closed: close it before the new one
+            session.emit(lost_turn(orphan))
+        return claim
+
+    async def release(self, session: Session, claim: Claim) -> None:
+        try:
+            await self.live.lease.release(session.id, claim)
+        except LiveUnavailable as exc:  # the lease expires by itself
+            log.warning("live: lease of session %s not released: %s", session.id, exc)
+        self.forget_idle(session)
+
+    async def heartbeat(self, session: Session, handle: TurnHandle, claim: Claim) -> None:
+        """Extend the lease while the turn runs; stop the turn when the lease is no longer ours."""
+        beat = self.live.lease.ttl_ms / 3000
+        while not handle.done.is_set():
+            with anyio.move_on_after(beat):
+                await handle.done.wait()
+            if handle.done.is_set():
+                return
+            try:
+                ours = await self.live.lease.extend(session.id, claim)
+            except LiveUnavailable:
+                continue  # Redis is away (the tail tells the clients); try again next beat
+            if not ours:  # taken over: another instance closed this turn; stop writing it
+                log.warning("live: lease of turn %s lost; stopping it", claim.turn_id)
+                handle.cancel_scope.cancel()
+                return
+
+    async def stop_remote(self, session_id: str) -> None:
+        claim = await self.live.lease.holder(session_id)
+        if claim is not None and claim.instance != self.live.instance:
+            await self.live.send_control(claim.instance, {"op": "stop", "session_id": session_id,
+                                                          "turn_id": claim.turn_id})
+
+    def on_control(self, message: dict[str, Any]) -> None:
+        """A request from another instance for a turn running here."""
+        session = self.sessions.get(str(message.get("session_id")))
+        if message.get("op") == "stop" and session is not None and session.turn is not None \
+                and session.turn.turn_id == message.get("turn_id"):
+            session.turn.cancel_scope.cancel()
+
+    async def take_over(self, session_id: str, orphan: Claim) -> None:
+        """The instance running a turn died: close the turn (its reply so far is in the store,
+        marked interrupted) and tell every client of the session."""
+        claim = await self.live.lease.take_over(session_id, orphan, uuid.uuid4().hex[:12])
+        if claim is None:
+            return  # another instance did it, or the turn came back to life
+        try:
+            channel = self.live.channel(session_id)
+            channel.stale = True  # the store holds what the lost instance flushed
+            log.warning("live: instance %s lost turn %s of session %s; closing it", orphan.instance,
+                        orphan.turn_id, session_id)
+            channel.emit(lost_turn(orphan))
+            await channel.settle()
+        finally:
+            await self.live.lease.release(session_id, claim)
