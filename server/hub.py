@@ -120,6 +120,10 @@ class SessionHub:
         session.stored = False  # stored with its first message: an opened page leaves no empty session
         if self.rt.options.system_prompt:
             session.add(ChatMessage("system", self.rt.options.system_prompt, created_at=utc_now()))
+        if self.live is not None:
+            # Several instances: another one can only open the session from the store, so an empty
+            # session is stored at once (the price of a load balancer: an opened page leaves a row).
+            await self._store_new(session)
         return session
 
     async def _store_new(self, session: Session) -> None:
