@@ -44,7 +44,7 @@ from server.live_redis import RedisLive
 from server.providers import build_provider
 from server.routing import RouteResolver
 from server.runtime import Runtime
-from server.store import open_store
+from server.stores import open_store
 
 ROOT = Path(__file__).resolve().parent.parent
 templates = Jinja2Templates(directory=str(ROOT / "templates"))

@@ -22,11 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from types import UnionType
 from typing import Any, Protocol, Union, get_args, get_origin, get_type_hints
 
-from server.errors import ConfigError
 from server.history import ChatMessage, left_out_from, stored_marks
 
 
@@ -119,24 +117,6 @@ class Clock:
             current = self._last + timedelta(microseconds=1)
         self._last = current
         return current.isoformat(timespec="microseconds")
-
-
-def open_store(data_dir: str | Path, url: str = "", pool_size: int = 10, timeout: float = 10.0) -> Store:
-    """The store ``[store] url`` names (PostgreSQL), else the embedded one: ``meterchat.sqlite3``
-    under ``data_dir`` (both created if missing). Either is migrated to the current schema."""
-    if not url:
-        from server.store_sqlite import SqliteStore
-
-        return SqliteStore.open(data_dir, timeout)
-    if url.split("://", 1)[0] not in ("postgresql", "postgres"):
-        raise ConfigError("store.url: expected postgresql://USER@HOST:PORT/DATABASE")
-    if pool_size < 1:
-        raise ConfigError(f"store.pool_size: expected at least 1, got {pool_size}")
-    if timeout <= 0:
-        raise ConfigError(f"store.timeout_seconds: expected more than 0, got {timeout}")
-    from server.store_postgres import PostgresStore
-
-    return PostgresStore.open(url, pool_size, timeout)
 
 
 # Message <-> plain data: one codec shared by the SQLite rows and the JSON export, derived from the

@@ -16,8 +16,9 @@ from starlette.testclient import TestClient
 from server.api import EXCEPTION_HANDLERS, ApiState, api_routes
 from server.export import to_json
 from server.history import ChatMessage
-from server.store import CallRecord, message_to_data, open_store
+from server.store import CallRecord, message_to_data
 from server.store_sqlite import SqliteStore
+from server.stores import open_store
 from tests.test_store import every_field_messages
 
 

@@ -41,10 +41,6 @@ CORE_MUST_NOT = {
     "server.hub": {"server.connection"},
     "server.runtime": {"server.session", "server.turn", "server.hub", "server.connection"},
 }
-# store.open_store picks the backend (SQLite or PostgreSQL, imported lazily), each of which
-# implements store's interface. Owned by the storage re-cut; delete this line when that cycle is gone
-# (the test then guards it too).
-KNOWN_CYCLES = {frozenset({"server.store", "server.store_sqlite", "server.store_postgres"})}
 
 
 def module_name(path: Path) -> str:
@@ -142,7 +138,7 @@ def test_architecture_import_rules_hold():
 
 
 def test_architecture_no_import_cycles_among_server_modules():
-    found = [group for group in cycles(graph()) if frozenset(group) not in KNOWN_CYCLES]
+    found = cycles(graph())
     assert found == []
 
 

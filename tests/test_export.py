@@ -10,7 +10,8 @@ import pytest
 from server.errors import ImportRejected
 from server.export import from_json, to_json, to_markdown
 from server.history import ChatMessage
-from server.store import CallRecord, StoredSession, message_to_data, open_store
+from server.store import CallRecord, StoredSession, message_to_data
+from server.stores import open_store
 from tests.test_store import every_field_messages
 
 pytestmark = pytest.mark.anyio

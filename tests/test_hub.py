@@ -9,7 +9,7 @@ from server.events import EventBus
 from server.hub import SessionHub
 from server.routing import RouteResolver
 from server.runtime import Runtime
-from server.store import open_store
+from server.stores import open_store
 from tests.support import settings_for
 
 pytestmark = pytest.mark.anyio

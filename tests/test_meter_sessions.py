@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from server.history import ChatMessage
-from server.store import open_store
+from server.stores import open_store
 from tests.support import client, serve, settings_for
 from tests.test_store import Backend
 

@@ -18,8 +18,8 @@ import pytest
 from server.errors import ConfigError
 from server.history import stored_marks
 from server.migrations import MIGRATIONS, Migration, migrate_postgres, migrate_sqlite
-from server.store import open_store
 from server.store_sqlite import FILE_NAME
+from server.stores import open_store
 from tests.pg_support import PgCluster
 
 # What meterchat wrote before migrations existed (store_sqlite.py at the commit before them),

@@ -16,8 +16,9 @@ import pytest
 from server.errors import ConfigError, SessionExists, UnknownSession
 from server.history import ChatMessage, Image, ToolCall
 from server.migrations import MIGRATIONS
-from server.store import CallRecord, Store, message_to_data, open_store
+from server.store import CallRecord, Store, message_to_data
 from server.store_sqlite import FILE_NAME
+from server.stores import open_store
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[1]
@@ -334,7 +335,7 @@ async def test_store_concurrent_appends_all_land(store: Store) -> None:
 CHILD = """
 import sys, anyio
 from server.history import ChatMessage
-from server.store import open_store
+from server.stores import open_store
 
 async def main(folder, url):
     store = open_store(folder, url)

@@ -12,9 +12,9 @@ import pytest
 from server.config import settings_from_mapping
 from server.errors import ConfigError, StoreUnavailable
 from server.history import ChatMessage
-from server.store import open_store
 from server.store_postgres import PostgresStore
 from server.store_sqlite import SqliteStore
+from server.stores import open_store
 from tests import pg_support
 from tests.pg_support import PgCluster, PostgresMissing, free_port, running_cluster
 from tests.support import SLOW_DEMO, client, serve, settings_for
