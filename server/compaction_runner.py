@@ -83,10 +83,11 @@ class Compactor:
     async def announce(self, session: Session, route: Route, plan: CompactionPlan, turn_id: str) -> None:
         excluded = plan.excluded_messages
         kept = session.to_send()
-        session.emit(server_frame(
+        frame = session.emit(server_frame(
             "history_trimmed", dropped_messages=len(excluded),
             dropped_turns=sum(1 for m in excluded if is_turn_start(m)),
             kept_turns=sum(1 for m in kept if is_turn_start(m)), reason="compaction",
             token_budget=plan.target, tokens_before=plan.tokens_before, tokens_after=plan.tokens_after,
             **dropped_ids(excluded), turn_id=turn_id))
+        await session.keep_trim(frame)  # a reload puts the notice back where it happened
         await session.emit_meter(route, "trim")

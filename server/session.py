@@ -209,10 +209,10 @@ class Session:
             if budget is not None:
                 fields["token_budget"] = budget
         frame = self.emit(server_frame("history_trimmed", **fields, **dropped_ids(dropped), turn_id=turn_id))
-        await self._keep_trim(frame)
+        await self.keep_trim(frame)
         return True
 
-    async def _keep_trim(self, frame: Frame) -> None:
+    async def keep_trim(self, frame: Frame) -> None:
         """Store the trim with where it happened (its turn, or the last message before it), so a
         reload puts its notice back in place."""
         kept = {k: v for k, v in frame.items() if k not in ("type", "seq")}
