@@ -44,7 +44,7 @@ from server.config import LiveSettings
 from server.errors import error_frame
 from server.events import OBSERVED_TYPES, EventBus
 from server.lease import PREFIX, Claim, InstanceLost, LiveUnavailable, TurnLease, session_key
-from server.live_shared import SharedCalibrations
+from server.live_shared import SharedCalibrations, SharedWindows
 from server.routing import RouteResolver
 
 __all__ = ["InstanceLost", "LiveUnavailable", "RedisChannel", "RedisLive"]
@@ -237,6 +237,8 @@ class RedisLive:
                 shared = SharedCalibrations(self.redis, tasks, self.instance)
                 await shared.load()
                 resolver.calibration = shared
+                shared.on_window = resolver.adopt_window
+                resolver.remember_windows(SharedWindows(resolver.window_memory, self.redis, self.instance))
                 tasks.start_soon(shared.listen)
         except RedisError as exc:
             raise LiveUnavailable(f"live.url: cannot reach Redis ({exc})") from exc

@@ -240,6 +240,45 @@ async def test_live_calibration_is_shared_by_every_instance(redis_server):
     await redis.aclose()
 
 
+async def test_live_a_window_learned_on_one_instance_is_used_by_the_running_others(tmp_path, redis_server):
+    """A window named by an overflow error on one instance is stored and heard by an instance that
+    is already running: its capacity for the route says so before its next send."""
+    from server.live_shared import SharedCalibrations, SharedWindows
+    from server.routing import RouteResolver
+    from server.stores import open_store
+
+    settings = live_settings(tmp_path, redis_server.url)
+    store = open_store(tmp_path)
+    redis = Redis.from_url(redis_server.url, decode_responses=True)
+    first, second = RouteResolver(settings, {}), RouteResolver(settings, {})
+    route = first.parse("demo/demo-small")
+    heard = anyio.Event()
+
+    def adopt(provider: str, model: str, tokens: int) -> None:
+        second.adopt_window(provider, model, tokens)
+        heard.set()
+
+    async with anyio.create_task_group() as tasks:
+        for resolver, name, on_window in ((first, "one", first.adopt_window), (second, "two", adopt)):
+            shared = SharedCalibrations(redis, tasks, name)
+            shared.on_window = on_window
+            resolver.remember_windows(SharedWindows(store, redis, name))
+            tasks.start_soon(shared.listen)
+            with anyio.fail_after(5):
+                await shared.listening.wait()
+        assert (await second.capacity(route)).source == "config"
+        assert await first.learn_window(route, 3000)
+        with anyio.fail_after(5):
+            await heard.wait()
+        tasks.cancel_scope.cancel()
+    assert await second.capacity(route) == await first.capacity(route)
+    assert (await second.capacity(route)).window == 3000
+    assert (await second.capacity(route)).source == "provider_error"
+    assert await store.load_windows() == {("demo", "demo-small"): 3000}  # stored once, by the learner
+    await store.close()
+    await redis.aclose()
+
+
 async def test_live_a_watcher_fills_a_gap_pub_sub_left_from_the_stream(redis_server):
     """Frames that reached the stream but not the live channel (pub/sub drops what a subscriber
     misses) are read from the stream when the next frame shows the gap: nothing lost, in order."""
