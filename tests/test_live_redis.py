@@ -69,7 +69,9 @@ async def test_live_resume_by_last_seq_on_the_other_instance_mid_stream(tmp_path
             session = (await b.hello(a.session_id, last_seq))[-1]
             rest = await b.until("done")
     assert session["resumed"] is True and session["seq"] == last_seq
-    assert [f["seq"] for f in rest] == list(range(last_seq + 1, last_seq + 1 + len(rest)))
+    # Dense unless chunks that piled up for the client left as one frame (it carries the last
+    # piece's seq: docs/protocol.md), which a loaded machine does; the text says nothing was lost.
+    assert rest[0]["seq"] > last_seq and increasing(rest)
     assert text_of(seen) + text_of(rest) == rest[-1]["full_response"]
     assert not of_type(rest, "history")
 
