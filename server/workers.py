@@ -112,11 +112,14 @@ class Supervisor:
         """Until a signal arrives; a second's timeout guards against a SIGCHLD that came before the
         handler was set (a worker dying while the next starts)."""
         try:
-            signum = self.signals.get(timeout=1.0 if timeout is None else min(timeout, 1.0))
+            got = [self.signals.get(timeout=1.0 if timeout is None else min(timeout, 1.0))]
         except queue.Empty:
             return
-        if signum in (signal.SIGTERM, signal.SIGINT) and self.exit_code is None:
-            log.info("%s: stopping %d workers", signal.Signals(signum).name, len(self.workers))
+        while not self.signals.empty():  # all that came, so a stop is seen before a death
+            got.append(self.signals.get_nowait())
+        stops = [signum for signum in got if signum in (signal.SIGTERM, signal.SIGINT)]
+        if stops and self.exit_code is None:
+            log.info("%s: stopping %d workers", signal.Signals(stops[0]).name, len(self.workers))
             self.exit_code = 0
 
     def replace_dead(self) -> None:
