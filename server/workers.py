@@ -38,6 +38,7 @@ WORKER_HEADER = "x-meterchat-worker"  # on every response of a worker: which one
 STOP_MARGIN = 5.0  # seconds past the grace for uvicorn to close sockets and the process to exit
 REFUSED = (2, 3)  # a worker's start-up refusal (meterchat's ConfigError, uvicorn's STARTUP_FAILURE)
 BACKLOG = 2048  # uvicorn's default
+CRASH_WINDOW, CRASH_LIMIT = 10.0, 2  # more than 2 deaths per worker in 10 s: give up, do not spin
 
 
 def worker_count(text: str) -> int:
@@ -91,17 +92,23 @@ class Supervisor:
         self.workers: dict[int, subprocess.Popen[bytes]] = {}
         self.signals: queue.SimpleQueue[int] = queue.SimpleQueue()
         self.exit_code: int | None = None
+        self.deaths: list[float] = []  # when workers died, within the last CRASH_WINDOW
 
     def run(self) -> int:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
-            signal.signal(sig, lambda signum, _frame: self.signals.put(signum))
-        for index in range(1, self.count + 1):
-            self.start(index)
-        while self.exit_code is None:
-            self.wait(None)
-            self.replace_dead()
-        self.stop_all()
-        return self.exit_code
+        handled = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)
+        previous = {sig: signal.signal(sig, lambda signum, _frame: self.signals.put(signum))
+                    for sig in handled}
+        try:
+            for index in range(1, self.count + 1):
+                self.start(index)
+            while self.exit_code is None:
+                self.wait(None)
+                self.replace_dead()
+            self.stop_all()
+            return self.exit_code
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def start(self, index: int) -> None:
         process = subprocess.Popen(self.command(index), pass_fds=(self.fd,))
@@ -131,8 +138,18 @@ class Supervisor:
                 log.error("worker %d refused to start (exit %d): stopping", index, code)
                 self.exit_code = code
                 return
+            if self.crashing():  # a crash at start-up would otherwise loop forever
+                log.error("worker %d (pid %d) %s; workers keep dying (%d in %g s): stopping", index,
+                          process.pid, ended(code), len(self.deaths), CRASH_WINDOW)
+                self.exit_code = 1
+                return
             log.warning("worker %d (pid %d) %s; starting it again", index, process.pid, ended(code))
             self.start(index)
+
+    def crashing(self) -> bool:
+        now = time.monotonic()
+        self.deaths = [at for at in self.deaths if now - at < CRASH_WINDOW] + [now]
+        return len(self.deaths) > CRASH_LIMIT * self.count
 
     def stop_all(self) -> None:
         """SIGTERM to every worker (each drains), then wait; kill what outlives the grace."""

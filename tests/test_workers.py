@@ -12,6 +12,7 @@ import argparse
 import os
 import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -25,7 +26,7 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from server.workers import STOP_MARGIN, WORKER_HEADER, worker_count
+from server.workers import CRASH_LIMIT, STOP_MARGIN, WORKER_HEADER, Supervisor, worker_count
 from tests.redis_support import RedisServer, free_port
 from tests.support import Client, client, of_type, text_of
 
@@ -232,3 +233,17 @@ async def test_workers_a_killed_worker_is_replaced_and_its_turn_taken_over(tmp_p
     assert lost["type"] == "error" and lost["code"] == "instance_lost"
     assert f"worker 1 (pid {killed}) was killed by SIGKILL; starting it again" in "".join(running.log)
     assert after[-1]["type"] == "done"
+
+
+@pytest.mark.parametrize("exit_code, stopped_with", [(2, 2), (3, 3), (1, 1)])
+def test_workers_supervisor_stops_on_a_refusal_or_a_crash_loop(exit_code, stopped_with, caplog):
+    """A worker that refuses to start (2: a setting, 3: uvicorn's start-up failure) stops the parent
+    at once; one that keeps crashing is restarted CRASH_LIMIT times per worker, then the parent stops."""
+    command = [sys.executable, "-c", f"raise SystemExit({exit_code})"]
+    handler = signal.getsignal(signal.SIGTERM)
+    with socket.socket() as sock:
+        code = Supervisor(lambda index: command, 2, sock.fileno(), GRACE_S).run()
+    assert code == stopped_with
+    restarts = [r for r in caplog.records if "starting it again" in r.getMessage()]
+    assert len(restarts) == (CRASH_LIMIT * 2 if exit_code == 1 else 0)
+    assert signal.getsignal(signal.SIGTERM) == handler  # the test process's handlers are back
