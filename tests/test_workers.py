@@ -29,6 +29,7 @@ from websockets.exceptions import ConnectionClosed
 from server.workers import CRASH_LIMIT, STOP_MARGIN, WORKER_HEADER, Supervisor, worker_count
 from tests.redis_support import RedisServer, free_port
 from tests.support import Client, client, of_type, text_of
+from tests.test_limits import trickle_until_closed
 
 pytestmark = pytest.mark.anyio
 
@@ -85,10 +86,10 @@ class Workers:
                 self.process.wait(10)
 
 
-def write_config(tmp_path: Path, redis: RedisServer, live: bool = True) -> Path:
+def write_config(tmp_path: Path, redis: RedisServer, live: bool = True, server: str = "") -> Path:
     config = tmp_path / "meterchat.toml"
     text = (f'[server]\ndata_dir = "{tmp_path / "data"}"\nstore_flush_ms = 50\n'
-            f'shutdown_grace_seconds = {GRACE_S}\n'
+            f'shutdown_grace_seconds = {GRACE_S}\n{server}'
             f'[providers.demo]\nkind = "demo"\nmodel = "demo-small"\ncontext_window = 4096\n'
             f'delay_ms = 30\n')
     if live:
@@ -98,8 +99,8 @@ def write_config(tmp_path: Path, redis: RedisServer, live: bool = True) -> Path:
 
 
 @contextmanager
-def workers(tmp_path: Path, redis: RedisServer) -> Iterator[Workers]:
-    running = Workers(write_config(tmp_path, redis))
+def workers(tmp_path: Path, redis: RedisServer, server: str = "") -> Iterator[Workers]:
+    running = Workers(write_config(tmp_path, redis, server=server))
     try:
         yield running
     finally:
@@ -151,6 +152,13 @@ async def test_workers_connections_land_on_both_workers(tmp_path, redis_server):
             await two.hello()
     assert served == {"1", "2"}
     assert len(set(running.pids.values())) == 2
+
+
+def test_workers_keep_the_guarded_http_protocol(tmp_path, redis_server):
+    """Each worker serves with the head deadline of server.serving (a slowloris head is cut off)."""
+    with workers(tmp_path, redis_server, "header_timeout_seconds = 1.0\n") as running:
+        cut = [trickle_until_closed(running.address, pace=0.2, budget=8.0) for _ in range(2)]
+    assert all(after is not None and 0.8 < after < 4.0 for after in cut)
 
 
 async def test_workers_a_session_resumes_across_workers_mid_stream(tmp_path, redis_server):
