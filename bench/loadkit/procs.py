@@ -121,25 +121,3 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 total += int(line.split()[1]) * 1024
     return total
-
-
-def start_redis(folder: Path, log: Path) -> tuple[str, subprocess.Popen[bytes]]:
-    """A private redis-server on a free port (no persistence) for ``--workers``, which share sessions
-    through ``[live] url``: its URL and process, once it answers (at most 30 s)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("--workers needs redis-server (Debian's redis-server; scripts/test installs it)")
-    port = free_port()
-    with log.open("ab") as sink:
-        process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                    "--appendonly", "no", "--dir", str(folder)],
-                                   stdout=sink, stderr=sink, preexec_fn=die_with_parent)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return f"redis://127.0.0.1:{port}/0", process
-        except OSError:
-            time.sleep(0.05)
-    stop(process)
-    raise RuntimeError(f"redis-server did not start; see {log}")

@@ -59,13 +59,13 @@ def lifted_limits() -> tuple[str, list[str]]:
     return "".join(f"{name} = 100000\n" for name in names), [f"provider pool: {', '.join(names)} = 100000"]
 
 
-def meterchat_config(folder: Path, fake: str, live: str = "") -> tuple[Path, list[str]]:
+def meterchat_config(folder: Path, fake: str) -> tuple[Path, list[str]]:
     limits, notes = lifted_limits()
     path = folder / "load.toml"
     path.write_text(f'[server]\ndata_dir = "{(folder / "data").as_posix()}"\n'
                     f'[providers.p]\nkind = "openai"\nbase_url = "{fake}/v1"\nmodel = "m"\n'
                     f'context_window = 1000000\ndiscover_window = false\ntools = false\n'
-                    f'timeout_seconds = 300\n{limits}' + (f'[live]\nurl = "{live}"\n' if live else ""))
+                    f'timeout_seconds = 300\n{limits}')
     return path, notes
 
 
@@ -82,16 +82,7 @@ class Bench:
         fake = procs.start(role_args("fake", {"port": port, "seconds": 2 * 3600}), port,
                            self.load_cores, self.log)
         stack.callback(procs.stop, fake)
-        self.redis = self.start_live(folder, stack)
-        self.config, self.notes = meterchat_config(folder, self.fake, self.redis[0] if self.redis else "")
-
-    def start_live(self, folder: Path, stack: ExitStack) -> tuple[str, int] | None:
-        """Workers share sessions through Redis: a private one (its CPU counts as the server's)."""
-        if self.args.workers in (None, 1):
-            return None
-        url, redis = procs.start_redis(folder, self.log)
-        stack.callback(procs.stop, redis)
-        return url, redis.pid
+        self.config, self.notes = meterchat_config(folder, self.fake)
 
     def serve(self, path: str, stack: ExitStack) -> tuple[str, int] | None:
         """Start the server of ``path`` (None for direct); returns its address and pid."""
@@ -125,7 +116,7 @@ class Bench:
 
     def clients(self, plan: dict[str, Any], pid: int | None) -> dict[str, Any]:
         """Run one client process against a path, sampling the server while it runs."""
-        cpu0 = self.server_cpu(pid) if pid else 0.0
+        cpu0 = procs.cpu_seconds(pid) if pid else 0.0
         rss0 = peak = procs.rss_bytes(pid) if pid else 0
         samples = [rss0]
         started = time.monotonic()
@@ -142,7 +133,7 @@ class Bench:
         wall = time.monotonic() - started
         with child.stdout or open(os.devnull, "rb") as out:
             result: dict[str, Any] = json.loads(out.read() or b"{}")
-        cpu = self.server_cpu(pid) - cpu0 if pid else None
+        cpu = procs.cpu_seconds(pid) - cpu0 if pid else None
         result.update(sessions=plan["sessions"], rate=plan["rate"],
                       client_pct=100 * result["client_cpu"] / wall)
         if cpu is not None:
@@ -150,10 +141,6 @@ class Bench:
                           rss_per_session=(peak - rss0) / plan["sessions"] / 1024,
                           rss_mib=[round(rss0 / 2**20), round(peak / 2**20), round(samples[-1] / 2**20)])
         return result
-
-    def server_cpu(self, pid: int) -> float:
-        live = procs.cpu_seconds(self.redis[1]) if self.redis and pid != self.redis[1] else 0.0
-        return procs.cpu_seconds(pid) + live
 
     def measure(self, paths: list[str], plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """Each path in turn, its server started fresh (so RSS growth is this phase's alone)."""
