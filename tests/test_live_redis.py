@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 from server.config import LiveSettings
 from server.events import EventBus
 from server.lease import TurnLease
-from server.live_redis import RedisChannel, RedisLive
+from server.live_redis import POOL_SIZE, RedisChannel, RedisLive
 from tests.redis_support import RedisServer
 from tests.support import SLOW_DEMO, client, of_type, serve, settings_for, text_of
 
@@ -320,3 +320,22 @@ async def taken(outbox, count: int, got: list[dict[str, Any]]) -> list[dict[str,
             await outbox.wait()
             got.extend(packet.decoded() for packet in outbox.take())
     return got
+
+
+async def test_live_more_calls_in_flight_than_pooled_connections_wait_for_one(redis_server):
+    """A busy instance (many turns starting, heartbeats, calibrations) has more Redis calls in flight
+    than its pool holds; they wait for a connection instead of failing with "Too many connections",
+    which made a heartbeat fail and a live turn be taken over as lost."""
+    live = RedisLive(LiveSettings(url=redis_server.url), EventBus())
+    seqs: list[int] = []
+
+    async def read() -> None:
+        seqs.append(await live.head_seq("pooltest"))
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            for _ in range(POOL_SIZE + 50):
+                tasks.start_soon(read)
+    finally:
+        await live.aclose()
+    assert seqs == [0] * (POOL_SIZE + 50)
