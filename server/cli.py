@@ -18,6 +18,7 @@ from server.config import load_settings
 from server.errors import ConfigError
 from server.routing import RouteResolver
 from server.serving import DrainingServer, redact_logs, uvicorn_options
+from server.ws_guard import LingeringWebSocketProtocol
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     # bench/load.py (docs/performance.md): "auto" takes uvloop where pyproject installs it. The HTTP
     # parser is h11 with a deadline on request heads (server.serving.guarded_h11, slowloris).
     config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level,
-                            loop="auto", ws="websockets-sansio",
+                            loop="auto", ws=LingeringWebSocketProtocol,
                             ws_max_size=16 * 1024 * 1024, ws_per_message_deflate=False,
                             **uvicorn_options(settings.server))
     redact_logs(profile.api_key for profile in settings.providers.values())
