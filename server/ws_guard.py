@@ -13,27 +13,73 @@ close frame, half-closes its side (FIN, so the client reads the frame and then t
 feeding the parser and drops whatever still arrives, and closes when the peer closes or after
 ``linger_seconds``, whichever comes first. A peer that keeps sending costs a read and a discard
 per chunk, never memory, and no longer than the linger.
+
+It also bounds the bytes of messages still arriving, over all sockets of the process: websockets
+buffers a message until its last byte (up to ``ws_max_size``, 16 MiB), and a client that sends all
+but the last byte of a message, on each of ``max_connections`` sockets, answering pings, held
+16 MiB x 2,000 = 32 GiB for an hour (``idle_timeout_seconds``). Past ``max_inflight_bytes`` the
+socket holding the most is failed with 1013 "try again later" (a lingering close as above).
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from uvicorn._types import ASGISendEvent
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.protocol import State
 
 LINGER_SECONDS = 3.0  # long enough for a 20 MiB frame over a slow LAN link, short for a held socket
+# Four full-size messages (images) arriving at once; the frames of chat are a few hundred bytes.
+MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
 
 
 class LingeringWebSocketProtocol(WebSocketsSansIOProtocol):
     linger_seconds = LINGER_SECONDS
     lingering = False  # a close frame was sent on a failed connection; input is dropped
+    max_inflight_bytes = MAX_INFLIGHT_BYTES
+    arriving = 0  # bytes read since this socket's last complete message (what websockets buffers)
+    holders: ClassVar[set[LingeringWebSocketProtocol]] = set()  # sockets with a message arriving
 
     def data_received(self, data: bytes) -> None:
         if self.lingering:
             return  # the rest of a refused frame, or anything after it: read so it cannot reset
+        self._arrive(len(data))
         super().data_received(data)
+        if not self.lingering and self.inflight() > self.max_inflight_bytes:
+            largest = max(self.holders, key=lambda holder: holder.arriving)
+            largest.refuse(1013, "too many large messages arriving at once; try again later")
+
+    def send_receive_event_to_app(self) -> None:
+        self._arrive(-self.arriving)  # the message is complete: the app holds it now, not the parser
+        super().send_receive_event_to_app()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._arrive(-self.arriving)
+        super().connection_lost(exc)
+
+    def _arrive(self, count: int) -> None:
+        self.arriving += count
+        if self.arriving:
+            self.holders.add(self)
+        else:
+            self.holders.discard(self)
+
+    def inflight(self) -> int:
+        return sum(holder.arriving for holder in self.holders)
+
+    def refuse(self, code: int, reason: str) -> None:
+        """Fail the connection with ``code`` and close it the lingering way."""
+        if self.conn.state is not State.OPEN:  # still in its handshake: nothing to close politely
+            self._arrive(-self.arriving)
+            self.transport.close()
+            return
+        self.conn.fail(code, reason)
+        self.handle_parser_exception()
 
     def handle_parser_exception(self) -> None:
+        self._arrive(-self.arriving)  # what still arrives is dropped, not buffered
         close = self.conn.close_sent
         assert close is not None  # websockets' fail() sent one before this is called
         self.queue.put_nowait({"type": "websocket.disconnect", "code": close.code, "reason": close.reason})

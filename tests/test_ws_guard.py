@@ -111,3 +111,33 @@ def send_until_refused(sock: socket.socket, budget: float) -> bool:
     except OSError:
         return True
     return False
+
+
+class SmallInflight(LingeringWebSocketProtocol):
+    max_inflight_bytes = 1 << 20
+
+
+def fragment(payload: bytes, fin: bool, opcode: int = 1) -> bytes:
+    """A masked frame (zero mask) that may leave its message unfinished (``fin`` False)."""
+    length = len(payload)
+    first = bytes([(0x80 if fin else 0) | opcode])
+    if length < 126:
+        return first + bytes([0x80 | length]) + b"\0\0\0\0" + payload
+    return first + b"\xff" + struct.pack("!Q", length) + b"\0\0\0\0" + payload
+
+
+def test_ws_guard_messages_arriving_at_once_are_bounded_the_largest_refused_with_1013(tmp_path):
+    with run_server(create_app(settings_for(tmp_path)), ws=SmallInflight, ws_max_size=16 << 20) as running, \
+            upgraded(running.address) as large, upgraded(running.address) as middle, \
+            upgraded(running.address) as small:
+        for sock, size in ((large, 600 << 10), (middle, 300 << 10), (small, 200 << 10)):
+            # Messages that never end: the first fragment of each, 1,100 KiB together.
+            sock.sendall(fragment(b'{"type": "nope", "x": "' + b"x" * size, fin=False))
+        received, error = read_to_end(large)
+        middle.sendall(fragment(b'"}', fin=True, opcode=0))  # the middle one's message still completes
+        answer = b""
+        while b"unknown_type" not in answer and (chunk := middle.recv(65536)):
+            answer += chunk
+    assert error is None and close_frame(received) == (1013, "too many large messages arriving at once; "
+                                                              "try again later")
+    assert b"unknown_type" in answer
