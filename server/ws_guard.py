@@ -80,6 +80,7 @@ class LingeringWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def handle_parser_exception(self) -> None:
         self._arrive(-self.arriving)  # what still arrives is dropped, not buffered
+        self.frames = []  # fragments of a message that will never end (fail() emptied the parser's)
         close = self.conn.close_sent
         assert close is not None  # websockets' fail() sent one before this is called
         self.queue.put_nowait({"type": "websocket.disconnect", "code": close.code, "reason": close.reason})
