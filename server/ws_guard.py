@@ -19,6 +19,12 @@ buffers a message until its last byte (up to ``ws_max_size``, 16 MiB), and a cli
 but the last byte of a message, on each of ``max_connections`` sockets, answering pings, held
 16 MiB x 2,000 = 32 GiB for an hour (``idle_timeout_seconds``). Past ``max_inflight_bytes`` the
 socket holding the most is failed with 1013 "try again later" (a lingering close as above).
+
+And it bounds what waits to be sent to a client that does not read: the app writes only while the
+socket takes it, but websockets answers every ping with a pong whatever the socket's state, so a
+client sending pings and reading nothing grew the server's send buffer by what it sent (60 MB
+per socket before the buffer stopped growing). Past ``max_unsent_bytes`` the socket is aborted:
+a client that reads nothing would not read a close frame either.
 """
 
 from __future__ import annotations
@@ -33,12 +39,16 @@ from websockets.protocol import State
 LINGER_SECONDS = 3.0  # long enough for a 20 MiB frame over a slow LAN link, short for a held socket
 # Four full-size messages (images) arriving at once; the frames of chat are a few hundred bytes.
 MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
+# Above the app's own overshoot (it writes one frame, at most a history page of about 1.5 MB, past
+# the transport's high-water mark) and far below what a pong flood piles up.
+MAX_UNSENT_BYTES = 4 * 1024 * 1024
 
 
 class LingeringWebSocketProtocol(WebSocketsSansIOProtocol):
     linger_seconds = LINGER_SECONDS
     lingering = False  # a close frame was sent on a failed connection; input is dropped
     max_inflight_bytes = MAX_INFLIGHT_BYTES
+    max_unsent_bytes = MAX_UNSENT_BYTES
     arriving = 0  # bytes read since this socket's last complete message (what websockets buffers)
     holders: ClassVar[set[LingeringWebSocketProtocol]] = set()  # sockets with a message arriving
 
@@ -47,6 +57,9 @@ class LingeringWebSocketProtocol(WebSocketsSansIOProtocol):
             return  # the rest of a refused frame, or anything after it: read so it cannot reset
         self._arrive(len(data))
         super().data_received(data)
+        if self.transport.get_write_buffer_size() > self.max_unsent_bytes:
+            self.transport.abort()  # answers to its pings that it never reads
+            return
         if not self.lingering and self.inflight() > self.max_inflight_bytes:
             largest = max(self.holders, key=lambda holder: holder.arriving)
             largest.refuse(1013, "too many large messages arriving at once; try again later")
@@ -94,7 +107,15 @@ class LingeringWebSocketProtocol(WebSocketsSansIOProtocol):
             self.transport.resume_reading()
         # run_asgi leaves the transport open while a close timer is pending; connection_lost (the
         # peer closed: eof_received returns None, so asyncio closes) cancels it.
-        self.close_timer = self.loop.call_later(self.linger_seconds, self.transport.close)
+        self.close_timer = self.loop.call_later(self.linger_seconds, self.linger_over)
+
+    def linger_over(self) -> None:
+        # A peer that read nothing in the linger would hold the close frame's bytes (and this
+        # socket) for as long as it keeps its window shut: drop them.
+        if self.transport.get_write_buffer_size():
+            self.transport.abort()
+        else:
+            self.transport.close()
 
     async def send(self, message: ASGISendEvent) -> None:
         if self.lingering:

@@ -141,3 +141,20 @@ def test_ws_guard_messages_arriving_at_once_are_bounded_the_largest_refused_with
     assert error is None and close_frame(received) == (1013, "too many large messages arriving at once; "
                                                               "try again later")
     assert b"unknown_type" in answer
+
+
+def test_ws_guard_a_client_that_sends_pings_and_reads_nothing_is_cut_off(tmp_path):
+    """websockets answers each ping whatever the socket's state: the answers must not pile up."""
+    ping = b"\x89\xfd\0\0\0\0" + b"p" * 125  # a masked ping with the largest payload, 131 bytes
+    block = ping * 8000  # about 1 MiB
+    with run_server(create_app(settings_for(tmp_path)), ws=LingeringWebSocketProtocol) as running, \
+            upgraded(running.address) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # and it reads nothing
+        sent = 0
+        try:
+            while sent < 96:  # MiB: without the bound the server buffered the pongs (60 MB each)
+                sock.sendall(block)
+                sent += 1
+        except OSError:
+            pass
+    assert sent < 64  # cut off after its 4 MiB of unread answers and what the kernels buffer
