@@ -1,5 +1,6 @@
 """The WebSocket protocol ``meterchat`` serves with: uvicorn's sans-I/O websockets protocol with a
-lingering close after a frame it refuses.
+lingering close after a frame it refuses, a bound on the messages still arriving over all sockets,
+and one on what waits to be sent to each.
 
 A frame over ``ws_max_size`` (or one that breaks the protocol) makes websockets fail the connection
 with a close frame (1009 "over size limit", 1002, 1007). uvicorn then writes that frame and closes
@@ -8,7 +9,7 @@ closing a socket with unread data sends a TCP reset, and a reset makes the clien
 what it had not yet read, the close frame included. The client saw a dropped connection where the
 protocol promises an answer.
 
-``LingeringWebSocketProtocol`` closes the way RFC 6455 7.1.1 and HTTP servers do it: it writes the
+``LingeringWebSocketProtocol`` closes the way HTTP servers do (a "lingering close"): it writes the
 close frame, half-closes its side (FIN, so the client reads the frame and then the end), stops
 feeding the parser and drops whatever still arrives, and closes when the peer closes or after
 ``linger_seconds``, whichever comes first. A peer that keeps sending costs a read and a discard
@@ -39,9 +40,10 @@ from websockets.protocol import State
 LINGER_SECONDS = 3.0  # long enough for a 20 MiB frame over a slow LAN link, short for a held socket
 # Four full-size messages (images) arriving at once; the frames of chat are a few hundred bytes.
 MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
-# Above the app's own overshoot (it writes one frame, at most a history page of about 1.5 MB, past
-# the transport's high-water mark) and far below what a pong flood piles up.
-MAX_UNSENT_BYTES = 4 * 1024 * 1024
+# Above the app's own overshoot (it writes one frame past the transport's high-water mark: at most a
+# history page, 1 MiB of text, a few MiB once JSON escapes it) and well below what a pong flood
+# piled up.
+MAX_UNSENT_BYTES = 16 * 1024 * 1024
 
 
 class LingeringWebSocketProtocol(WebSocketsSansIOProtocol):

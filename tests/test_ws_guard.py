@@ -157,4 +157,4 @@ def test_ws_guard_a_client_that_sends_pings_and_reads_nothing_is_cut_off(tmp_pat
                 sent += 1
         except OSError:
             pass
-    assert sent < 64  # cut off after its 4 MiB of unread answers and what the kernels buffer
+    assert sent < 64  # cut off after its 16 MiB of unread answers and what the kernels buffer
