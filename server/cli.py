@@ -23,6 +23,7 @@ from server.errors import ConfigError
 from server.routing import RouteResolver
 from server.serving import DrainingServer, redact_logs, uvicorn_options
 from server.workers import WORKER_HEADER, WorkerServer, supervise, worker_count
+from server.ws_guard import LingeringWebSocketProtocol
 
 T = TypeVar("T")
 
@@ -86,7 +87,7 @@ def uvicorn_config(app: Any, settings: Settings, log_level: str,
     # bench/load.py (docs/performance.md): "auto" takes uvloop where pyproject installs it. The HTTP
     # parser is h11 with a deadline on request heads (server.serving.guarded_h11, slowloris).
     config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port,
-                            log_level=log_level, loop="auto", ws="websockets-sansio",
+                            log_level=log_level, loop="auto", ws=LingeringWebSocketProtocol,
                             ws_max_size=16 * 1024 * 1024, ws_per_message_deflate=False,
                             headers=headers or [], **uvicorn_options(settings.server))
     redact_logs(profile.api_key for profile in settings.providers.values())  # after uvicorn's set-up

@@ -230,7 +230,7 @@ async def connect(plan: Plan, stats: Stats, delay: float) -> None:
 
 async def run(plan: Plan) -> tuple[Stats, dict[str, Any]]:
     stats = Stats()
-    abusers = await abuse.start(plan.host, plan.tokens * 10) if plan.abuse and plan.kind == "ws" else {}
+    mix = await abuse.start(plan.host, plan.tokens * 10) if plan.abuse and plan.kind == "ws" else None
     tasks = [asyncio.ensure_future(connect(plan, stats, i * plan.ramp / max(1, plan.sessions)))
              for i in range(plan.sessions)]
     done, pending = await asyncio.wait(tasks, timeout=plan.timeout)
@@ -241,7 +241,7 @@ async def run(plan: Plan) -> tuple[Stats, dict[str, Any]]:
     for session in stats.unfinished:
         stats.lost += session.remaining()
     stats.lost += (plan.sessions - stats.created) * plan.tokens * plan.turns  # never got that far
-    return stats, abusers
+    return stats, (await mix.finish() if mix else {})
 
 
 def percentiles(values: array) -> dict[str, float]:

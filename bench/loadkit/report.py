@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.loadkit import rss
+
 COLUMNS = ("path", "ok", "chunks", "lost", "reord", "p50 ms", "p99 ms", "+p50", "+p99", "1st +p50",
            "1st +p99", "cpu s/1k", "1-core cap", "core %", "rss/sess KiB",
            "client %")
@@ -47,8 +49,7 @@ def table(title: str, results: dict[str, dict[str, Any]]) -> str:
     lines += ratios(results, direct)
     for name, r in results.items():
         if r.get("rss_mib"):
-            before, peak, end = r["rss_mib"]
-            lines.append(f"  {name} RSS: {before} MiB before, {peak} MiB at peak, {end} MiB at the end")
+            lines += rss.describe(name, r)
         if r["errors"]:
             lines.append(f"  {name} errors: {r['errors']}")
         for kind, outcome in (r.get("abuse") or {}).items():

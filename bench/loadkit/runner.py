@@ -14,7 +14,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.loadkit import procs
+from bench.loadkit import procs, rss
 from bench.loadkit.report import table
 
 LOAD = str(procs.ROOT / "bench" / "load.py")
@@ -127,7 +127,7 @@ class Bench:
             while child.poll() is None and time.monotonic() - started < plan["timeout"] + 30:
                 samples.append(procs.rss_bytes(pid) if pid else 0)
                 peak = max(peak, samples[-1])
-                time.sleep(0.25)
+                time.sleep(rss.SAMPLE)
         finally:
             procs.stop(child)
         wall = time.monotonic() - started
@@ -139,7 +139,8 @@ class Bench:
         if cpu is not None:
             result.update(cpu_per_1k=1000 * cpu / max(1, result["received"]), core_pct=100 * cpu / wall,
                           rss_per_session=(peak - rss0) / plan["sessions"] / 1024,
-                          rss_mib=[round(rss0 / 2**20), round(peak / 2**20), round(samples[-1] / 2**20)])
+                          rss_mib=[round(rss0 / 2**20), round(peak / 2**20), round(samples[-1] / 2**20)],
+                          rss_series=rss.series(samples), rss_base=rss0)
         return result
 
     def measure(self, paths: list[str], plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -158,7 +159,11 @@ class Bench:
                 "ramp": 0.0, "timeout": 30.0}
         self.clients(warm, pid)  # imports, first connections and lazy set-up are not measured
         abuse = bool(plan.get("abuse")) and path == "meterchat"  # the relay speaks too little protocol
-        return self.clients({**plan, "kind": kind, "host": host, "abuse": abuse}, pid)
+        result = self.clients({**plan, "kind": kind, "host": host, "abuse": abuse}, pid)
+        if path == "meterchat" and "rss_base" in result:  # the warm-up's session stays in memory too
+            sockets = plan["sessions"] + 3 * abuse
+            result["rss_bound"] = rss.bound(result["rss_base"], sockets + 1, sockets)
+        return result
 
 
 def paced_plan(args: argparse.Namespace, sessions: int) -> dict[str, Any]:
