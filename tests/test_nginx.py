@@ -61,12 +61,14 @@ class Process:
             self.exited = True
             self.changed.notify_all()
 
-    def wait_for(self, text: str, timeout: float = 10) -> bool:
-        """True once a line containing ``text`` was printed; False if the process ended first."""
+    def wait_for(self, text: str, timeout: float = 10, count: int = 1) -> bool:
+        """True once ``count`` lines containing ``text`` were printed; False if the process ended
+        first or the timeout passed."""
+        def seen() -> bool:
+            return sum(text in line for line in self.lines) >= count
+
         with self.changed:
-            return self.changed.wait_for(
-                lambda: self.exited or any(text in line for line in self.lines), timeout
-            ) and any(text in line for line in self.lines)
+            return self.changed.wait_for(lambda: self.exited or seen(), timeout) and seen()
 
     def kill(self) -> None:
         os.kill(self.process.pid, signal.SIGKILL)
@@ -196,6 +198,18 @@ async def test_nginx_a_page_on_the_public_name_may_change_state(stack: Stack) ->
     assert other_origin.status_code == 403 and other_origin.json()["error"]["code"] == "forbidden_origin"
 
 
+async def test_nginx_keeps_a_session_on_one_instance(stack: Stack) -> None:
+    async with client(stack.address) as first:
+        await first.hello()
+    for _ in range(4):  # round-robin would alternate; the hash on ?session= does not
+        async with client(stack.address, f"?session={first.session_id}") as again:
+            await again.hello(first.session_id)
+    chosen = stack.serving(first.session_id)
+    other = next(p for _, p in stack.instances if p is not chosen)
+    assert chosen.wait_for(f"/ws?session={first.session_id}", count=4)
+    assert not other.wait_for(f"/ws?session={first.session_id}", 0)
+
+
 def test_nginx_admits_bodies_up_to_the_import_bound(stack: Stack) -> None:
     def post(size: int) -> httpx.Response:
         body = json.dumps({"pad": "x" * size}).encode()
@@ -257,10 +271,12 @@ async def test_nginx_streams_events(stack: Stack) -> None:
         lines = events.aiter_lines()
         async with client(stack.address) as c:
             await c.hello()
-            seen = await next_event(lines, "session", c.session_id)
-            await c.say("hello")
-            done = await next_event(lines, "done", c.session_id)
-    assert seen["session_id"] == done["session_id"] == c.session_id
+            await c.send("message", id="q1", content="tell me a long story")
+            route = await next_event(lines, "route", c.session_id)
+            # The turn's first event came while its reply was still streaming: stop ends it early.
+            await c.send("stop")
+            ending = (await c.until("aborted", "done"))[-1]
+    assert route["turn_id"] == ending["turn_id"] and ending["type"] == "aborted"
 
 
 async def next_event(lines: Any, kind: str, session_id: str | None) -> dict[str, Any]:
