@@ -101,7 +101,7 @@ class Stack:
     def url(self) -> str:
         return f"http://{self.address}"
 
-    def serving(self, session_id: str) -> Process:
+    def serving(self, session_id: str | None) -> Process:
         """The instance that accepted the socket opened with ``?session=<session_id>``."""
         mark = f"/ws?session={session_id}"
         for timeout in (0, 5):  # logged before the first frame was sent, but read by another thread
