@@ -54,6 +54,7 @@ def table(title: str, results: dict[str, dict[str, Any]]) -> str:
             lines.append(f"  {name} beside it: {side(r)}")
         if r["errors"]:
             lines.append(f"  {name} errors: {r['errors']}")
+            lines += [f"    {code}: {message}" for code, message in (r.get("said") or {}).items()]
         for kind, outcome in (r.get("abuse") or {}).items():
             lines.append(f"  {name} abuse {kind}: {outcome}")
     return "\n".join(lines)
