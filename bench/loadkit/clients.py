@@ -211,6 +211,9 @@ class SocketSession(Session):
             self.next_turn()
         elif kind == "done":
             self.end_turn()
+        elif kind == "aborted":  # stopped by the server (a lost lease, a drain): not held, but ended
+            self.stats.error("aborted")
+            self.end_turn()
         elif kind == "error":
             self.stats.error(str(frame.get("code")), str(frame.get("message", "")))
             if "turn_id" in frame or "message_id" in frame:
