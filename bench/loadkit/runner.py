@@ -111,15 +111,14 @@ class Bench:
         return meterchat_config(self.folder, self.fake, redis_url, data_dir.name)[0]
 
     def meterchat_args(self, port: int, served: Served, stack: ExitStack) -> list[str]:
-        argv = ["--config", str(self.config), "--port", str(port), "--log-level", "warning"]
         workers = self.workers_flag() if self.args.workers else []
+        config = self.config
         if workers and self.args.workers > 1:  # workers share the live side as instances do: Redis
             served.redis_port, served.side["redis"] = cluster.start_redis(self.folder, stack,
                                                                           self.server_cores, self.log)
             config = self.live_config(f"redis://127.0.0.1:{served.redis_port}/0",
                                       self.folder / f"data-{served.redis_port}")
-            argv[1] = str(config)
-        argv += workers
+        argv = ["--config", str(config), "--port", str(port), "--log-level", "warning", *workers]
         if options := uvicorn_options(self.args):
             return role_args("meterchat", {"overrides": options, "argv": argv})
         return ["-m", "server", *argv]
