@@ -6,12 +6,7 @@
 // is user, assistant, tool, system, breadcrumb, summary, command, notice, trim or error.
 
 import { fmt } from "./dom.js";
-
-let nextKey = 1;
-
-function item(kind, fields) {
-  return { key: nextKey++, kind, time: Date.now(), ...fields };
-}
+import { commandItem, errorItem, item, lineIndex, noticeItem, stoppedEarlyItem, storedLine, switchedItem } from "./lines.js";
 
 export class Transcript {
   constructor() {
@@ -23,6 +18,9 @@ export class Transcript {
     this.versions = new Map(); // turn_id -> {turns, shown}: a turn and the turns that replaced it
     this.listeners = [];
     this.older = 0;
+    this.holders = new Map(); // message id -> the item that shows it (a reply holds its turn's)
+    this.pendingLines = []; // stored lines that follow a message on an older page, not loaded yet
+    this.retryFor = () => null;
   }
 
   on(listener) {
@@ -73,16 +71,21 @@ export class Transcript {
   // ----- the transcript from a `history` frame: drawn as the live page drew it -----
 
   // trims: the session's history_trimmed events; inFlight: the turn still running, if any;
-  // older: messages the server holds before the first one here (history paging).
-  reset(messages, trims = [], inFlight = null, older = 0) {
+  // older: messages the server holds before the first one here (history paging); lines: the
+  // session's stored errors, notices, switches and commands; retryFor(turnId): a failed turn's
+  // "Try again".
+  reset(messages, trims = [], inFlight = null, older = 0, lines = [], retryFor = () => null) {
     this.older = older;
     this.items = [];
     this.replies.clear();
     this.versions.clear();
+    this.holders.clear();
     this.pendingTurn = inFlight;
-    for (const message of messages) this.items.push(...this.stored(message, inFlight));
+    this.retryFor = retryFor;
+    this.items = this.storedItems(messages, inFlight);
     this.settleTools(inFlight);
     this.placeTrims(trims);
+    this.pendingLines = this.placeLines(this.items, lines, older === 0);
     for (const entry of this.items) if (entry.replaces) this.linkVersion(entry.replaces, entry.turnId, true);
     for (const [turnId, entry] of this.replies) if (turnId !== inFlight) this.replies.delete(turnId);
     this.emit("reset", this.items);
@@ -91,8 +94,9 @@ export class Transcript {
   // An older page (`history_page`): its messages go before every item shown. Their turns are
   // finished, so none of them is a reply that grows.
   prepend(messages, older) {
-    const added = messages.flatMap((m) => this.stored(m, null));
+    const added = this.storedItems(messages, null);
     for (const entry of added) if (entry.turnId !== this.pendingTurn) this.replies.delete(entry.turnId);
+    this.pendingLines = this.placeLines(added, this.pendingLines, older === 0);
     this.items.unshift(...added);
     this.older = older;
     for (const entry of added) if (entry.replaces) this.linkVersion(entry.replaces, entry.turnId, true);
@@ -102,6 +106,38 @@ export class Transcript {
   oldestId() {
     const first = this.items.find((i) => i.messageId);
     return first ? first.messageId : null;
+  }
+
+  // Items for stored messages, each message's holder noted (where a line that followed it goes).
+  storedItems(messages, inFlight) {
+    const items = [];
+    for (const m of messages) {
+      const made = this.stored(m, inFlight);
+      items.push(...made);
+      const holder = made.length ? made[made.length - 1] : this.replies.get(m.turn_id) || items[items.length - 1];
+      if (holder) this.holders.set(m.id, holder);
+    }
+    return items;
+  }
+
+  // Stored lines back where they were drawn; returns those whose message is not loaded yet. A failed
+  // turn's reply shows its failure as the live page did, not "stopped".
+  placeLines(items, lines, complete) {
+    const waiting = [];
+    for (const n of lines) {
+      const reply = n.turn_id ? items.find((i) => i.kind === "assistant" && i.turnId === n.turn_id) : null;
+      const index = lineIndex(items, this.holders, n, complete);
+      if (index < 0) {
+        waiting.push(n);
+        continue;
+      }
+      if (n.type === "error" && reply) Object.assign(reply, { state: "error", foot: "" });
+      const entry = storedLine(n, reply, this.retryFor);
+      if (!entry) continue;
+      if (n.created_at) entry.time = Date.parse(n.created_at);
+      items.splice(index, 0, entry);
+    }
+    return waiting;
   }
 
   stored(m, inFlight) {
@@ -175,7 +211,7 @@ export class Transcript {
   }
 
   addCommand(content) {
-    return this.add(item("command", { role: "command", text: content }));
+    return this.add(commandItem(content));
   }
 
   accepted(f) {
@@ -245,7 +281,7 @@ export class Transcript {
   aborted(f) {
     const entry = this.replies.get(f.turn_id);
     if (entry) this.update(entry, { state: "stopped", foot: "stopped", tools: stopped(entry.tools) });
-    else this.add(item("notice", { level: "info", text: "Stopped before the reply began." }));
+    else this.add(stoppedEarlyItem());
     this.finishTurn(f.turn_id);
   }
 
@@ -255,13 +291,17 @@ export class Transcript {
     // A message the server refused stays shown, marked; the rest of the page carries on.
     const refused = this.items.filter((i) => i.kind === "user" && (f.message_id ? i.clientId === f.message_id : i.state === "pending"));
     for (const user of refused) this.update(user, { state: "failed" });
-    this.add(item("error", { code: f.code || "", text: f.message || "Something went wrong.", retry: f.retryable ? retry : null }));
+    this.add(errorItem(f, retry));
     if (f.turn_id) this.finishTurn(f.turn_id);
   }
 
   notice(f) {
-    // Not an error: the turn goes on; the reader should know what the provider did.
-    this.add(item("notice", { level: "trim", code: f.code, text: f.message }));
+    this.add(noticeItem(f));
+  }
+
+  // A switch took effect: the line with the new route's window and trim preview.
+  switched(f) {
+    this.add(switchedItem(f));
   }
 
   finishTurn(turnId) {

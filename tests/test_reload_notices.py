@@ -1,0 +1,89 @@
+"""The transcript's other lines come back on a reload, over a real server and socket: a turn's error
+(code, message, retryable), a notice, a switch's confirmation and a typed /model command, each with
+the message it followed; kept in memory at once and in the store for a restarted server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.fakes import Reply
+from tests.support import client, of_type, serve, settings_for
+
+pytestmark = pytest.mark.anyio
+LIVE_ONLY = ("seq",)
+STORED_ONLY = ("created_at", "after_message_id")
+
+
+def settings(tmp_path, fake):
+    return settings_for(tmp_path, {"providers": {
+        "p": {"kind": "openai", "base_url": fake.base_url, "model": "m", "tools": False,
+              "context_window": 8000, "models": {"small": 4000}},
+    }})
+
+
+def live(frame: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in frame.items() if k not in LIVE_ONLY}
+
+
+def stored(notice: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in notice.items() if k not in STORED_ONLY}
+
+
+async def reopened(address: str, session_id: str | None) -> dict[str, Any]:
+    async with client(address) as tab:
+        history: dict[str, Any] = (await tab.hello(session_id))[1]
+    return history
+
+
+async def test_a_turn_error_comes_back_after_the_message_it_followed(tmp_path, fake_openai):
+    fake_openai.enqueue(Reply(text=["fine"]), Reply(status=503, error="overloaded, try later"))
+    with serve(settings(tmp_path, fake_openai)) as address:
+        async with client(address) as c:
+            await c.hello()
+            await c.say("first", id="m1")
+            error = (await c.say("second", id="m2"))[-1]
+        cached = await reopened(address, c.session_id)
+    with serve(settings(tmp_path, fake_openai)) as address:  # a restarted server reads the store
+        restored = await reopened(address, c.session_id)
+    assert error["type"] == "error" and error["retryable"] and error["turn_id"]
+    for history in (cached, restored):
+        (notice,) = history["notices"]
+        assert stored(notice) == live(error)
+        assert notice["after_message_id"] == "m2" and notice["created_at"]
+
+
+async def test_switch_command_and_notices_come_back_in_order(tmp_path, fake_openai):
+    with serve(settings(tmp_path, fake_openai)) as address:
+        async with client(address) as c:
+            await c.hello()
+            await c.send("message", id="c1", content="/model p/small")  # before the first message
+            switched = (await c.until("context"))[-1]
+            await c.say("hello", id="m1")
+            await c.send("message", id="c2", content="/model nowhere")
+            unknown = (await c.until("notice"))[-1]
+            await c.send("switch_model", route="p/m")
+            back = (await c.until("context"))[-1]
+    with serve(settings(tmp_path, fake_openai)) as address:
+        history = await reopened(address, c.session_id)
+    notices = history["notices"]
+    assert [stored(n) for n in notices] == [
+        {"type": "command", "content": "/model p/small"}, live(switched),
+        {"type": "command", "content": "/model nowhere"}, live(unknown), live(back)]
+    assert switched["reason"] == "switch" and unknown["code"] == "unknown_route"
+    assert [n["after_message_id"] for n in notices] == [None, None, *[history["messages"][-1]["id"]] * 3]
+
+
+async def test_a_failed_turn_is_not_a_notice_of_another_socket(tmp_path, fake_openai):
+    """A refusal answers one socket (a busy session, a bad frame): it is not drawn in the session."""
+    with serve(settings(tmp_path, fake_openai)) as address:
+        async with client(address) as c:
+            await c.hello()
+            await c.say("hello", id="m1")
+            await c.send("message", id="m1", content="again")  # a resend: ignored
+            await c.send("message", id="m9", content="x", retry_of="no-such-turn")
+            refusal = (await c.until("error"))[-1]
+        history = await reopened(address, c.session_id)
+    assert refusal["code"] == "bad_frame" and "turn_id" not in refusal
+    assert of_type(history.get("notices") or [], "error") == []
