@@ -5,7 +5,9 @@ A session's frames pass ``observe``; the ones the page draws as a line of the tr
 a turn's ``error`` (its code, message and ``retryable``, so the reload offers "Try again" as the live
 page did), every ``notice`` (an unknown hint, a learned window, a truncated reply...), a switch's
 ``context`` frame (the confirmation line is drawn from it), ``aborted`` (a turn stopped before its
-reply began) and, through ``keep``, a typed ``/model`` command. Each is kept as the frame's fields
+reply began), a ``route`` frame that names a hint (the reply's "served by" says so; the calls the
+store records do not), and, through ``keep``, a typed ``/model`` command. A turn's error carries the
+turn's ``route`` too, since a call that failed is not recorded. Each is kept as the frame's fields
 with ``created_at`` and ``after_message_id`` (the last message of the transcript when it happened:
 where the page puts it back). The store writes them in order (``Store.record_notice``); until it
 has (a session not stored yet, a store that refused), they wait in ``unsaved`` and the in-memory
@@ -23,6 +25,7 @@ from server.store import Store
 Notice = dict[str, Any]
 # A reload gets this many of a session's newest notices: a page of lines, not an unbounded frame.
 NOTICES_SHOWN = 200
+ROUTE_FIELDS = ("provider", "model", "route_kind", "hint")
 
 
 def kept_kind(frame: Mapping[str, Any]) -> bool:
@@ -32,6 +35,8 @@ def kept_kind(frame: Mapping[str, Any]) -> bool:
         return frame.get("turn_id") is not None  # a socket's refusal is that socket's, not the session's
     if kind == "context":
         return frame.get("reason") == "switch"
+    if kind == "route":
+        return bool(frame.get("hint"))
     return kind in ("notice", "aborted")
 
 
@@ -39,16 +44,23 @@ class Notices:
     def __init__(self, kept: list[Notice] | None = None) -> None:
         self.kept = kept if kept is not None else []
         self.unsaved: list[Notice] = []
+        self._route: Mapping[str, Any] = {}  # the last route frame: which route a failing turn had
 
     def observe(self, frame: Mapping[str, Any], after: str | None, now: str) -> None:
-        if kept_kind(frame):
-            self.keep(frame, after, now)
+        if frame.get("type") == "route":
+            self._route = frame
+        if not kept_kind(frame):
+            return
+        notice = self.keep(frame, after, now)
+        if frame["type"] == "error" and self._route.get("turn_id") == frame["turn_id"]:
+            notice["route"] = {k: v for k, v in self._route.items() if k in ROUTE_FIELDS and v is not None}
 
-    def keep(self, frame: Mapping[str, Any], after: str | None, now: str) -> None:
+    def keep(self, frame: Mapping[str, Any], after: str | None, now: str) -> Notice:
         notice = {k: v for k, v in frame.items() if k != "seq"}
         notice.update(created_at=now, after_message_id=after)
         self.kept.append(notice)
         self.unsaved.append(notice)
+        return notice
 
     def shown(self) -> list[Notice] | None:
         return self.kept[-NOTICES_SHOWN:] or None

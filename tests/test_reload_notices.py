@@ -1,6 +1,7 @@
 """The transcript's other lines come back on a reload, over a real server and socket: a turn's error
-(code, message, retryable), a notice, a switch's confirmation and a typed /model command, each with
-the message it followed; kept in memory at once and in the store for a restarted server."""
+(code, message, retryable, and the route its failed call had), a notice, a switch's confirmation, a
+typed /model command and a hinted route, each with the message it followed; kept in memory at once
+and in the store for a restarted server."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ async def test_a_turn_error_comes_back_after_the_message_it_followed(tmp_path, f
     assert error["type"] == "error" and error["retryable"] and error["turn_id"]
     for history in (cached, restored):
         (notice,) = history["notices"]
-        assert stored(notice) == live(error)
+        route = {"provider": "p", "model": "m", "route_kind": "default"}
+        assert stored(notice) == {**live(error), "route": route}
         assert notice["after_message_id"] == "m2" and notice["created_at"]
 
 
@@ -87,3 +89,22 @@ async def test_a_failed_turn_is_not_a_notice_of_another_socket(tmp_path, fake_op
         history = await reopened(address, c.session_id)
     assert refusal["code"] == "bad_frame" and "turn_id" not in refusal
     assert of_type(history.get("notices") or [], "error") == []
+
+
+async def test_a_hinted_route_is_kept_and_a_plain_turn_keeps_nothing(tmp_path, fake_openai):
+    """The reply's "served by ... hint" comes back (the calls the store records carry no hint); a turn
+    with nothing but its reply costs no notice write."""
+    with serve(settings(tmp_path, fake_openai)) as address:
+        async with client(address) as c:
+            await c.hello()
+            plain = await c.say("hello", id="m1")
+            hinted = await c.say("/hint nowhere tell me", id="m2")
+    with serve(settings(tmp_path, fake_openai)) as address:
+        history = await reopened(address, c.session_id)
+    assert plain[-1]["type"] == "done" and hinted[-1]["type"] == "done"
+    route = of_type(hinted, "route")[0]
+    unknown = of_type(hinted, "notice")[0]
+    assert route["hint"] == "nowhere" and unknown["code"] == "unknown_hint"
+    assert sorted(map(stored, history["notices"]), key=lambda n: n["type"]) == \
+        sorted([live(unknown), live(route)], key=lambda n: n["type"])
+    assert {n["after_message_id"] for n in history["notices"]} == {"m2"}

@@ -2,6 +2,7 @@
 // confirmation, a typed command. Live frames and a reload's stored notices (the `history` frame's
 // `notices`) build them with the same functions here, so a reload draws what the live page drew.
 
+import { fmt } from "./dom.js";
 import { switchedLine } from "./meter.js";
 
 let nextKey = 1;
@@ -23,35 +24,21 @@ export const switchedItem = (f) => noticeItem({ code: "switched", message: switc
 export const commandItem = (text) => item("command", { role: "command", text });
 export const stoppedEarlyItem = () => item("notice", { level: "info", text: "Stopped before the reply began." });
 
-// A stored notice as the live page drew it, or null when it draws nothing (a stop whose reply is
-// there: the reply itself says "stopped"). reply: the turn's reply item, if any; retryFor(turnId):
-// the "Try again" of a failed turn.
-export function storedLine(n, reply, retryFor) {
-  if (n.type === "error") return errorItem(n, retryFor(n.turn_id));
-  if (n.type === "notice") return noticeItem(n);
-  if (n.type === "context") return switchedItem(n);
-  if (n.type === "command") return commandItem(n.content || "");
-  if (n.type === "aborted") return reply ? null : stoppedEarlyItem();
-  return null;
+// A reply's footer: what its turn's `done` reported (the history's `usage` has the same fields).
+export function footText(f) {
+  // The input sums the turn's provider calls: a tool loop says how many, so it is not read as one prompt.
+  const calls = typeof f.calls === "number" && f.calls > 1 ? ` (${fmt(f.calls)} calls)` : "";
+  const parts = [`${fmt(f.input_tokens)} in${calls}`, `${fmt(f.output_tokens)} out`];
+  if (typeof f.cost_usd === "number" && f.cost_usd > 0) parts.push(`$${f.cost_usd.toFixed(4)}`);
+  return parts.join(" · ");
 }
 
-const LINES = new Set(["trim", "notice", "error", "command"]);
+export function routeFields(r) {
+  const label = r.model ? `${r.provider}/${r.model}` : r.provider;
+  return { route: label, routeTitle: `Served by ${label} (${routeWhy(r)})` };
+}
 
-// Where a line goes back: after the item that shows the message it followed (`holders`: message
-// id -> item, a reply holding all of its turn's messages), past the lines already there that
-// happened before it. -1: that message is on an older page not loaded yet. A line from before the
-// first message goes first once the first page is loaded (`complete`).
-export function lineIndex(items, holders, n, complete) {
-  let index;
-  if (n.after_message_id) {
-    const holder = holders.get(n.after_message_id);
-    index = holder ? items.indexOf(holder) + 1 : 0;
-    if (index === 0) return -1;
-  } else {
-    if (!complete) return -1;
-    index = 0;
-  }
-  const time = n.created_at ? Date.parse(n.created_at) : Infinity;
-  while (index < items.length && LINES.has(items[index].kind) && !(items[index].time > time)) index++;
-  return index;
+// Why a route served a turn, as its `route` frame said (a stored call or route line says the same).
+export function routeWhy(r) {
+  return `${r.route_kind}${r.hint ? `, hint "${r.hint}"` : ""}`;
 }

@@ -5,8 +5,8 @@
 // is a plain object: {key, kind, role, text, state, turnId, messageId, clientId, time, ...}; `kind`
 // is user, assistant, tool, system, breadcrumb, summary, command, notice, trim or error.
 
-import { fmt } from "./dom.js";
-import { commandItem, errorItem, item, lineIndex, noticeItem, stoppedEarlyItem, storedLine, switchedItem } from "./lines.js";
+import { commandItem, errorItem, footText, item, noticeItem, routeWhy, stoppedEarlyItem, switchedItem } from "./lines.js";
+import { placeLines, placeTrims, settleTools, storedItems } from "./restore.js";
 
 export class Transcript {
   constructor() {
@@ -82,10 +82,10 @@ export class Transcript {
     this.holders.clear();
     this.pendingTurn = inFlight;
     this.retryFor = retryFor;
-    this.items = this.storedItems(messages, inFlight);
-    this.settleTools(inFlight);
-    this.placeTrims(trims);
-    this.pendingLines = this.placeLines(this.items, lines, older === 0);
+    this.items = storedItems(this, messages, inFlight);
+    settleTools(this.items, inFlight);
+    placeTrims(this, trims);
+    this.pendingLines = placeLines(this, this.items, lines, older === 0);
     for (const entry of this.items) if (entry.replaces) this.linkVersion(entry.replaces, entry.turnId, true);
     for (const [turnId, entry] of this.replies) if (turnId !== inFlight) this.replies.delete(turnId);
     this.emit("reset", this.items);
@@ -94,9 +94,9 @@ export class Transcript {
   // An older page (`history_page`): its messages go before every item shown. Their turns are
   // finished, so none of them is a reply that grows.
   prepend(messages, older) {
-    const added = this.storedItems(messages, null);
+    const added = storedItems(this, messages, null);
     for (const entry of added) if (entry.turnId !== this.pendingTurn) this.replies.delete(entry.turnId);
-    this.pendingLines = this.placeLines(added, this.pendingLines, older === 0);
+    this.pendingLines = placeLines(this, added, this.pendingLines, older === 0);
     this.items.unshift(...added);
     this.older = older;
     for (const entry of added) if (entry.replaces) this.linkVersion(entry.replaces, entry.turnId, true);
@@ -106,102 +106,6 @@ export class Transcript {
   oldestId() {
     const first = this.items.find((i) => i.messageId);
     return first ? first.messageId : null;
-  }
-
-  // Items for stored messages, each message's holder noted (where a line that followed it goes).
-  storedItems(messages, inFlight) {
-    const items = [];
-    for (const m of messages) {
-      const made = this.stored(m, inFlight);
-      items.push(...made);
-      const holder = made.length ? made[made.length - 1] : this.replies.get(m.turn_id) || items[items.length - 1];
-      if (holder) this.holders.set(m.id, holder);
-    }
-    return items;
-  }
-
-  // Stored lines back where they were drawn; returns those whose message is not loaded yet. A failed
-  // turn's reply shows its failure as the live page did, not "stopped".
-  placeLines(items, lines, complete) {
-    const waiting = [];
-    for (const n of lines) {
-      const reply = n.turn_id ? items.find((i) => i.kind === "assistant" && i.turnId === n.turn_id) : null;
-      const index = lineIndex(items, this.holders, n, complete);
-      if (index < 0) {
-        waiting.push(n);
-        continue;
-      }
-      if (n.type === "error" && reply) Object.assign(reply, { state: "error", foot: "" });
-      const entry = storedLine(n, reply, this.retryFor);
-      if (!entry) continue;
-      if (n.created_at) entry.time = Date.parse(n.created_at);
-      items.splice(index, 0, entry);
-    }
-    return waiting;
-  }
-
-  stored(m, inFlight) {
-    const time = m.created_at ? Date.parse(m.created_at) : null;
-    const base = { messageId: m.id, turnId: m.turn_id, trimmed: !!m.trimmed, excluded: m.excluded || null, text: m.content || "", time };
-    if (m.breadcrumb) return [item("breadcrumb", { ...base, role: m.role })];
-    if (m.summary) return [item("summary", { ...base, role: m.role })];
-    if (m.role === "system") return [item("system", { ...base, role: "system" })];
-    if (m.role === "user") {
-      return [item("user", { ...base, role: "user", state: "sent", imageCount: m.images || 0, imageUrls: m.image_urls || null, replaces: m.replaces || null })];
-    }
-    if (m.role === "tool") return this.storedResult(m, base);
-    return this.storedReply(m, base, inFlight);
-  }
-
-  // A tool result lands in its call, inside the reply that asked for it, as the live page showed it.
-  storedResult(m, base) {
-    const reply = this.replies.get(m.turn_id);
-    const call = reply && reply.tools.find((t) => t.id === m.tool_call_id);
-    if (!call) return [item("tool", { ...base, role: "tool", name: m.name, output: m.content })];
-    Object.assign(call, { output: m.content, state: "done" });
-    return [];
-  }
-
-  // The live page grows one reply element per turn (tool calls, then the final text); the history
-  // has one message per provider call: they join again here.
-  storedReply(m, base, inFlight) {
-    const calls = (m.tool_calls || []).map((c) => ({ id: c.id, name: c.name, args: c.args, state: "running" }));
-    // A turn still running shows as streaming (its frames follow), not as "stopped".
-    const state = m.streaming || (inFlight && m.turn_id === inFlight) ? "streaming" : m.interrupted ? "stopped" : "done";
-    const fields = { state, foot: m.usage ? footText(m.usage) : state === "stopped" ? "stopped" : "" };
-    if (m.route) Object.assign(fields, routeFields(m.route));
-    const reply = m.turn_id ? this.replies.get(m.turn_id) : null;
-    if (reply) {
-      // The live reply's text ends as the turn's final text (done's full_response).
-      if (m.content) fields.text = m.content;
-      Object.assign(reply, fields, { tools: [...reply.tools, ...calls], thinking: reply.thinking + (m.thinking || ""), time: base.time });
-      return [];
-    }
-    const entry = item("assistant", { ...base, role: "assistant", tools: calls, thinking: m.thinking || "", route: "", ...fields });
-    if (m.turn_id) this.replies.set(m.turn_id, entry);
-    return [entry];
-  }
-
-  // A call with no result ran in a turn that ended (stopped, failed, or a server that went down).
-  settleTools(inFlight) {
-    for (const entry of this.items) {
-      if (entry.kind !== "assistant" || entry.turnId === inFlight) continue;
-      for (const call of entry.tools) if (call.state === "running") call.state = "stopped";
-    }
-  }
-
-  // Trim notices where the live page put them: above the turn they happened in, or after the
-  // message they followed (a trim on restore).
-  placeTrims(trims) {
-    this.trims = trims.map((t) => ({ ...t, time: t.created_at ? Date.parse(t.created_at) : null }));
-    for (const frame of this.trims) {
-      const notice = item("trim", { frame, time: frame.time });
-      const start = frame.turn_id ? this.items.findIndex((i) => i.turnId === frame.turn_id) : -1;
-      const after = frame.after_message_id ? this.items.findIndex((i) => i.messageId === frame.after_message_id) : -1;
-      if (start >= 0) this.items.splice(start, 0, notice);
-      else if (after >= 0) this.items.splice(after + 1, 0, notice);
-      else this.items.push(notice);
-    }
   }
 
   // ----- live frames -----
@@ -218,7 +122,8 @@ export class Transcript {
     const found = this.items.find((i) => i.kind === "user" && i.clientId === f.id);
     const time = f.created_at ? Date.parse(f.created_at) : Date.now();
     const entry = found || this.add(item("user", { role: "user", clientId: f.id, messageId: f.id, text: f.content, imageCount: f.images || 0, imageUrls: f.image_urls || null, time }));
-    this.update(entry, { state: "sent", turnId: f.turn_id, time });
+    // The text the server kept (a /hint prefix taken off), as a reload shows it.
+    this.update(entry, { state: "sent", turnId: f.turn_id, time, text: f.content ?? entry.text });
     this.pendingTurn = f.turn_id;
     // Another tab's edit or regenerate is a version too: the server echoes what it replaced.
     const replaced = this.replacing.get(f.id) || f.retry_of || f.edit_of;
@@ -242,8 +147,7 @@ export class Transcript {
     const turnId = f.turn_id || this.pendingTurn;
     if (!turnId) return;
     const label = f.model ? `${f.provider}/${f.model}` : f.provider;
-    const why = `${f.route_kind}${f.hint ? `, hint "${f.hint}"` : ""}`;
-    this.update(this.reply(turnId), { route: label, routeTitle: `Served by ${label} (${why})` });
+    this.update(this.reply(turnId), { route: label, routeTitle: `Served by ${label} (${routeWhy(f)})` });
   }
 
   chunk(f) {
@@ -409,20 +313,6 @@ export class Transcript {
   turnsSetAside(f) {
     for (const turnId of f.turn_ids || []) this.setAside(turnId, f.reason, true);
   }
-}
-
-// A reply's footer: what its turn's `done` reported (the history's `usage` has the same fields).
-export function footText(f) {
-  // The input sums the turn's provider calls: a tool loop says how many, so it is not read as one prompt.
-  const calls = typeof f.calls === "number" && f.calls > 1 ? ` (${fmt(f.calls)} calls)` : "";
-  const parts = [`${fmt(f.input_tokens)} in${calls}`, `${fmt(f.output_tokens)} out`];
-  if (typeof f.cost_usd === "number" && f.cost_usd > 0) parts.push(`$${f.cost_usd.toFixed(4)}`);
-  return parts.join(" · ");
-}
-
-function routeFields(r) {
-  const label = r.model ? `${r.provider}/${r.model}` : r.provider;
-  return { route: label, routeTitle: `Served by ${label} (${r.route_kind})` };
 }
 
 function stopped(tools) {
