@@ -204,6 +204,7 @@ export class ConversationView {
   markLast({ user, reply }) {
     this.swapLast("lastUserKey", user);
     this.swapLast("lastReplyKey", reply);
+    this.queuePin(); // the last rows' actions appear: a reader at the bottom stays there
   }
 
   swapLast(field, entry) {

@@ -93,6 +93,7 @@ export class Sessions {
     if (!this.more || this.loadingOlder || !this.sessions.length) return;
     const ticket = this.ticket;
     this.loadingOlder = true;
+    this.older.textContent = "Loading older chats…";
     try {
       const found = await api(listUrl(this.query, this.sessions[this.sessions.length - 1].updated_at, PAGE + 1));
       if (ticket !== this.ticket) return; // a refresh or a new search answered meanwhile
@@ -104,6 +105,7 @@ export class Sessions {
       this.onError(`Could not load older sessions: ${error.message}`);
     } finally {
       this.loadingOlder = false;
+      this.older.textContent = "Show older chats";
     }
     if (ticket === this.ticket && this.olderInView()) this.loadOlder(); // a tall sidebar: keep filling it
   }
