@@ -42,7 +42,7 @@ def kept_kind(frame: Mapping[str, Any]) -> bool:
 
 class Notices:
     def __init__(self, kept: list[Notice] | None = None) -> None:
-        self.kept = kept if kept is not None else []
+        self.kept = (kept or [])[-NOTICES_SHOWN:]  # memory holds what a reload shows; the store all
         self.unsaved: list[Notice] = []
         self._route: Mapping[str, Any] = {}  # the last route frame: which route a failing turn had
 
@@ -59,11 +59,12 @@ class Notices:
         notice = {k: v for k, v in frame.items() if k != "seq"}
         notice.update(created_at=now, after_message_id=after)
         self.kept.append(notice)
+        del self.kept[:-NOTICES_SHOWN]
         self.unsaved.append(notice)
         return notice
 
     def shown(self) -> list[Notice] | None:
-        return self.kept[-NOTICES_SHOWN:] or None
+        return list(self.kept) or None
 
     async def save(self, store: Store, session_id: str) -> None:
         """Write what waits, oldest first; a store that refuses keeps the rest for the next call,

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from server.notices import NOTICES_SHOWN, Notices
 from tests.fakes import Reply
 from tests.support import client, of_type, serve, settings_for
 
@@ -108,3 +109,14 @@ async def test_a_hinted_route_is_kept_and_a_plain_turn_keeps_nothing(tmp_path, f
     assert sorted(map(stored, history["notices"]), key=lambda n: n["type"]) == \
         sorted([live(unknown), live(route)], key=lambda n: n["type"])
     assert {n["after_message_id"] for n in history["notices"]} == {"m2"}
+
+
+def test_a_session_keeps_its_newest_notices_in_memory():
+    notices = Notices([{"type": "notice", "n": n} for n in range(NOTICES_SHOWN + 5)])
+    assert [n["n"] for n in notices.kept] == list(range(5, NOTICES_SHOWN + 5))
+    for n in range(3):
+        notices.observe({"type": "notice", "code": "x", "message": str(n), "seq": 9}, "m1", "now")
+    notices.observe({"type": "chunk", "turn_id": "t", "content": "x"}, "m1", "now")  # not a line
+    assert len(notices.kept) == NOTICES_SHOWN and len(notices.unsaved) == 3
+    assert notices.kept[-1] == {"type": "notice", "code": "x", "message": "2", "created_at": "now",
+                                "after_message_id": "m1"}
