@@ -429,7 +429,8 @@ class SessionHub:
         frames came through the shared stream) and no turn runs on it here."""
         cached = self.sessions.get(session.id, session)
         channel = cached.channel
-        if not isinstance(channel, RedisChannel) or not channel.stale or cached.turn or cached.unsaved:
+        if (not isinstance(channel, RedisChannel) or not channel.stale or cached.turn or cached.unsaved
+                or cached.notices.unsaved):
             return cached
         channel.stale = False
         fresh = await self._load(cached.id, channel=channel)
