@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
+
 from server.errors import StoreUnavailable, UnknownSession
 from server.store import Store
 
@@ -45,6 +47,7 @@ class Notices:
         self.kept = (kept or [])[-NOTICES_SHOWN:]  # memory holds what a reload shows; the store all
         self.unsaved: list[Notice] = []
         self._route: Mapping[str, Any] = {}  # the last route frame: which route a failing turn had
+        self._writing = anyio.Lock()
 
     def observe(self, frame: Mapping[str, Any], after: str | None, now: str) -> None:
         if frame.get("type") == "route":
@@ -68,13 +71,15 @@ class Notices:
 
     async def save(self, store: Store, session_id: str) -> None:
         """Write what waits, oldest first; a store that refuses keeps the rest for the next call,
-        a session deleted meanwhile drops them."""
-        while self.unsaved:
-            try:
-                await store.record_notice(session_id, self.unsaved[0])
-            except StoreUnavailable:
-                return
-            except UnknownSession:
-                self.unsaved.clear()
-                return
-            self.unsaved.pop(0)
+        a session deleted meanwhile drops them. One writer at a time (a switch can land while a
+        turn ends), so each is written once and in order."""
+        async with self._writing:
+            while self.unsaved:
+                try:
+                    await store.record_notice(session_id, self.unsaved[0])
+                except StoreUnavailable:
+                    return
+                except UnknownSession:
+                    self.unsaved.clear()
+                    return
+                self.unsaved.pop(0)

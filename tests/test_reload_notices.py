@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 
 from server.notices import NOTICES_SHOWN, Notices
+from server.stores import open_store
 from tests.fakes import Reply
 from tests.support import client, of_type, serve, settings_for
 
@@ -120,3 +122,20 @@ def test_a_session_keeps_its_newest_notices_in_memory():
     assert len(notices.kept) == NOTICES_SHOWN and len(notices.unsaved) == 3
     assert notices.kept[-1] == {"type": "notice", "code": "x", "message": "2", "created_at": "now",
                                 "after_message_id": "m1"}
+
+
+async def test_notices_saved_by_two_writers_at_once_are_written_once_in_order(tmp_path):
+    """A switch can be saved while a turn's end saves: each notice is written once, in order."""
+    store = open_store(tmp_path)
+    await store.create_session("s", title="t", route="r")
+    notices = Notices()
+    for n in range(5):
+        notices.observe({"type": "notice", "code": "x", "message": str(n)}, None, "now")
+    async with anyio.create_task_group() as group:
+        for _ in range(3):
+            group.start_soon(notices.save, store, "s")
+    stored_session = await store.get_session("s")
+    assert stored_session is not None
+    assert [n["message"] for n in stored_session.notices] == ["0", "1", "2", "3", "4"]
+    assert notices.unsaved == []
+    await store.close()
