@@ -302,3 +302,29 @@ def test_a_reload_shows_the_errors_and_notices_the_live_page_showed(
         expect(page.locator(DONE)).to_have_count(done + 1)
         assert sent(page, "message")[-1]["content"] == "and again" and sent(page, "message")[-1]["retry_of"]
         reloads_the_same(page, f"retried-{size[0]}", untimed=("error",))
+
+
+def test_a_line_on_an_older_page_comes_back_with_its_page(
+        browser: Browser, tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    """History comes in pages: a failed turn's error that follows a message on an older page waits
+    for that page, then takes its place, as the live page showed it."""
+    provider = (f'[providers.p]\nkind = "openai"\nbase_url = "{fake_openai.base_url}"\n'
+                'model = "m"\ntools = false')
+    path = config(tmp_path, server="history_page_messages = 4", providers=provider)
+    with running_server(path) as base, opened_page(browser, base) as page:
+        open_new_chat(page)
+        send(page, "/model p/m")
+        line_shown(page, '[data-testid="notice"][data-code="switched"]', 1)
+        fake_openai.enqueue(Reply(status=503, error="try again later"))
+        send(page, "first, refused")
+        line_shown(page, '[data-testid="error"]', 1)
+        for word in ("two", "three", "four"):
+            send_and_wait(page, f"echo {word}")
+        live = [{**row, "time": None} if row["state"] == "error" else row for row in read_page(page)]
+        reload(page)
+        line_shown(page, '[data-testid="error"]', 0)  # its message is on an older page
+        while page.get_by_test_id("load-older").count():
+            page.get_by_test_id("load-older").click()
+        line_shown(page, '[data-testid="error"]', 1)
+        after = [{**row, "time": None} if row["state"] == "error" else row for row in read_page(page)]
+    assert after == live
