@@ -30,6 +30,10 @@ NOTICES_SHOWN = 200
 ROUTE_FIELDS = ("provider", "model", "route_kind", "hint")
 
 
+# The frame types ``observe`` looks at; every other frame (a chunk above all) passes untouched.
+OBSERVED = frozenset(("error", "notice", "context", "route", "aborted"))
+
+
 def kept_kind(frame: Mapping[str, Any]) -> bool:
     """Whether the page draws ``frame`` as a line of the transcript worth drawing again."""
     kind = frame.get("type")

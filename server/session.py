@@ -31,7 +31,7 @@ from server.history import (
 from server.history_trim import TrimReport, sweep_orphans
 from server.ledger import HistoryLedger
 from server.meter import Anchor, Meter, Reading
-from server.notices import Notice, Notices
+from server.notices import OBSERVED, Notice, Notices
 from server.protocol import server_frame
 from server.reply import ReplyWriter
 from server.routing import Route
@@ -102,7 +102,8 @@ class Session:
 
     def emit(self, frame: Frame) -> Frame:
         sent = self.channel.emit(frame)
-        self.notices.observe(sent, self._last_message_id(), utc_now())
+        if sent["type"] in OBSERVED:  # not per chunk: the hot path pays one set lookup
+            self.notices.observe(sent, self._last_message_id(), utc_now())
         return sent
 
     def keep_notice(self, frame: Frame) -> None:
