@@ -24,6 +24,7 @@ from server.compaction import (
 from server.config import CompactionSettings, RuntimeSettings
 from server.errors import MeterchatError
 from server.history import is_turn_start
+from server.meter import Reading
 from server.protocol import server_frame
 from server.providers.base import Provider, ProviderRequest, TextDelta
 from server.routing import Route
@@ -56,6 +57,7 @@ class Compactor:
         plan = plan_compaction(session.to_send(), self.settings, image_token_cost=session.image_token_cost)
         if not plan.needed:
             return
+        before = await session.read_meter(route)  # the figure the meter showed, in its accounting
         if plan.strategy == "summarization":
             if not await self.summarize(session, route, provider, plan):
                 return
@@ -63,7 +65,7 @@ class Compactor:
             apply_truncation(plan)
         session.rebuild()
         await session.store.save_messages(session.id, plan.excluded_messages)
-        await self.announce(session, route, plan, turn_id)
+        await self.announce(session, route, plan, turn_id, before)
 
     async def summarize(self, session: Session, route: Route, provider: Provider,
                         plan: CompactionPlan) -> bool:
@@ -80,14 +82,19 @@ class Compactor:
         await session.store.insert_message(session.id, index, summary)
         return True
 
-    async def announce(self, session: Session, route: Route, plan: CompactionPlan, turn_id: str) -> None:
+    async def announce(self, session: Session, route: Route, plan: CompactionPlan, turn_id: str,
+                       before: Reading) -> None:
+        """The notice's figures are the meter's (tools, calibration, reserve; a summary counted),
+        so they read as the meter did before and does after; the target, set in raw tokens, is
+        converted into the same accounting."""
         excluded = plan.excluded_messages
         kept = session.to_send()
+        after = await session.read_meter(route)
         frame = session.emit(server_frame(
             "history_trimmed", dropped_messages=len(excluded),
             dropped_turns=sum(1 for m in excluded if is_turn_start(m)),
             kept_turns=sum(1 for m in kept if is_turn_start(m)), reason="compaction",
-            token_budget=plan.target, tokens_before=plan.tokens_before, tokens_after=plan.tokens_after,
-            **dropped_ids(excluded), turn_id=turn_id))
+            token_budget=before.history_figure(plan.target), tokens_before=before.figure,
+            tokens_after=after.figure, **dropped_ids(excluded), turn_id=turn_id))
         await session.keep_trim(frame)  # a reload puts the notice back where it happened
-        await session.emit_meter(route, "trim")
+        await session.emit_meter(route, "trim", after)

@@ -99,7 +99,8 @@ class SessionHub:
         for session_id, session in list(self.sessions.items()):
             if excess <= 0:
                 return
-            if not session.channel.watched and session.turn is None and not session.unsaved:
+            if (not session.channel.watched and session.turn is None and not session.unsaved
+                    and not session.notices.unsaved):
                 del self.sessions[session_id]
                 self._pending_restore.discard(session_id)
                 excess -= 1
@@ -112,7 +113,8 @@ class SessionHub:
                                                                                     first_seq)
         return Session(session_id, title, route, transcript, channel=channel, store=self.rt.store,
                        meter=self.rt.meter, image_token_cost=self.rt.options.image_token_cost,
-                       calls=stored.calls if stored else None, trims=stored.trims if stored else None)
+                       calls=stored.calls if stored else None, trims=stored.trims if stored else None,
+                       notices=stored.notices if stored else None)
 
     async def _create(self) -> Session:
         route = self.rt.resolver.default_route()
@@ -133,6 +135,7 @@ class SessionHub:
         session.stored = True
         if session.transcript:
             await self.rt.store.append_messages(session.id, list(session.transcript))
+        await session.save_notices()  # a /model answered before the first message
 
     def _stored_route(self, name: str) -> Route:
         default = self.rt.resolver.default_route()
@@ -267,11 +270,13 @@ class SessionHub:
         if session.stored:  # a session not yet stored takes its route along when it is
             await self.rt.store.set_route(session.id, route.name)
         await session.emit_meter(route, "switch")  # the page confirms the switch from this frame
+        await session.save_notices()  # the confirmation comes back on a reload
 
     async def model_command(self, session: Session, route_text: str) -> None:
         """``/model X`` typed in the composer: a route that does not exist (or none) is answered
         with the routes that do, as a notice, not an error."""
         routes = ", ".join(self.rt.resolver.routes())
+        session.keep_notice({"type": "command", "content": f"{MODEL_COMMAND} {route_text.strip()}".strip()})
         if not route_text.strip():
             message = f"/model needs a route: one of {routes}"
         else:
@@ -280,6 +285,7 @@ class SessionHub:
             except UnknownRoute as exc:
                 message = f"{exc.message}. Routes: {routes}"
         session.emit(server_frame("notice", code="unknown_route", message=message))
+        await session.save_notices()
 
     def history_before(self, session: Session, before_id: str, limit: int | None) -> Frame:
         """An older page of the session's history, for the one client that asked."""
@@ -384,7 +390,9 @@ class SessionHub:
             if claim is not None and self.live_turns is not None:
                 with anyio.CancelScope(shield=True):
                     await self.live_turns.release(session, claim)
-            if session.unsaved and session.id not in self._retrying:
+            with anyio.CancelScope(shield=True):
+                await session.save_notices()  # the turn's errors and notices, for a reload
+            if (session.unsaved or session.notices.unsaved) and session.id not in self._retrying:
                 self._retrying.add(session.id)
                 self.spawn(self._write_unsaved, session)
         if turn.route != session.route:
@@ -398,17 +406,19 @@ class SessionHub:
         session.emit(server_frame("aborted", turn_id=turn.turn_id))
 
     async def _write_unsaved(self, session: Session) -> None:
-        """Try the replies the store refused again until it takes them, then say so. A newer turn
-        writes them first too, so whichever succeeds first empties ``unsaved``."""
+        """Try the replies (and notices) the store refused again until it takes them, then say so.
+        A newer turn writes them first too, so whichever succeeds first empties ``unsaved``."""
         try:
-            while session.unsaved:
+            while session.unsaved or session.notices.unsaved:
                 await anyio.sleep(UNSAVED_RETRY_SECONDS)
-                try:
-                    await session.save_reply()
-                except StoreUnavailable:
-                    continue
-                session.emit(server_frame("notice", code="store_recovered", message=(
-                    "the session store is writable again: the reply it refused is now saved")))
+                if session.unsaved:
+                    try:
+                        await session.save_reply()
+                    except StoreUnavailable:
+                        continue
+                    session.emit(server_frame("notice", code="store_recovered", message=(
+                        "the session store is writable again: the reply it refused is now saved")))
+                await session.save_notices()  # the turn's error line, refused with the reply
         finally:
             self._retrying.discard(session.id)
 
@@ -419,7 +429,8 @@ class SessionHub:
         frames came through the shared stream) and no turn runs on it here."""
         cached = self.sessions.get(session.id, session)
         channel = cached.channel
-        if not isinstance(channel, RedisChannel) or not channel.stale or cached.turn or cached.unsaved:
+        if (not isinstance(channel, RedisChannel) or not channel.stale or cached.turn or cached.unsaved
+                or cached.notices.unsaved):
             return cached
         channel.stale = False
         fresh = await self._load(cached.id, channel=channel)

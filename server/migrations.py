@@ -136,11 +136,29 @@ _POSTGRES_4 = f"""
 CREATE INDEX IF NOT EXISTS messages_text ON messages USING GIN ({PG_MESSAGE_TEXT});
 """
 
+# Version 5: the transcript's other lines (a turn's error, notices, a switch, a typed command), kept
+# with where they happened so a reload draws them again (``server.notices``).
+_SQLITE_5 = """
+CREATE TABLE IF NOT EXISTS notices (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    data TEXT NOT NULL, created_at TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS notices_session ON notices (session_id, seq);
+"""
+_POSTGRES_5 = """
+CREATE TABLE IF NOT EXISTS notices (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    data JSON NOT NULL, created_at TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS notices_session ON notices (session_id, seq);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "sessions, messages and calls", _SQLITE_1, _POSTGRES_1),
     Migration(2, "message times, versions and thinking; trims", _SQLITE_2, _POSTGRES_2),
     Migration(3, "windows learned from overflow errors", _WINDOWS, _WINDOWS),
     Migration(4, "session search", _SQLITE_4, _POSTGRES_4),
+    Migration(5, "transcript notices", _SQLITE_5, _POSTGRES_5),
 )
 
 _RECORDS = ("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "

@@ -66,7 +66,7 @@ ENUMS: dict[tuple[str, str], tuple[str, ...]] = {
 # fields and two frames; kept apart from the tables above so edits to those merge cleanly.
 CLIENT_FRAMES["message"] += ("edit_of?",)
 CLIENT_FRAMES["preview_edit"] = ("turn_id",)
-SERVER_FRAMES["history"] += ("trims?", "turn_in_flight?")
+SERVER_FRAMES["history"] += ("trims?", "turn_in_flight?", "notices?")
 SERVER_FRAMES["accepted"] += ("retry_of?", "edit_of?", "created_at?", "image_urls?")
 SERVER_FRAMES["done"] += ("created_at?",)
 SERVER_FRAMES["turns_set_aside"] = ("turn_ids", "reason")

@@ -31,6 +31,7 @@ from server.history import (
 from server.history_trim import TrimReport, sweep_orphans
 from server.ledger import HistoryLedger
 from server.meter import Anchor, Meter, Reading
+from server.notices import OBSERVED, Notice, Notices
 from server.protocol import server_frame
 from server.reply import ReplyWriter
 from server.routing import Route
@@ -61,7 +62,7 @@ class Session:
     def __init__(self, session_id: str, title: str, route: Route, transcript: list[ChatMessage], *,
                  channel: FrameChannel, store: Store | None = None, meter: Meter | None = None,
                  image_token_cost: int = DEFAULT_IMAGE_TOKEN_COST, calls: list[CallRecord] | None = None,
-                 trims: list[dict[str, Any]] | None = None) -> None:
+                 trims: list[dict[str, Any]] | None = None, notices: list[Notice] | None = None) -> None:
         self.id = session_id
         self.title = title
         self.route = route
@@ -76,6 +77,7 @@ class Session:
         # cost) and the trims with where they happened.
         self.calls = calls if calls is not None else []
         self.trims = trims if trims is not None else []
+        self.notices = Notices(notices)  # errors, notices, switches: the transcript's other lines
         self._store = store
         self._meter = meter
         self._streamed: ChatMessage | None = None
@@ -99,7 +101,22 @@ class Session:
     # --- frames -------------------------------------------------------------------------------
 
     def emit(self, frame: Frame) -> Frame:
-        return self.channel.emit(frame)
+        sent = self.channel.emit(frame)
+        if sent["type"] in OBSERVED:  # not per chunk: the hot path pays one set lookup
+            self.notices.observe(sent, self._last_message_id(), utc_now())
+        return sent
+
+    def keep_notice(self, frame: Frame) -> None:
+        """Keep a line the page drew without a frame of its own (a typed command) for a reload."""
+        self.notices.keep(frame, self._last_message_id(), utc_now())
+
+    async def save_notices(self) -> None:
+        """Write the kept lines that wait; a session not stored yet keeps them until it is."""
+        if self.stored:
+            await self.notices.save(self.store, self.id)
+
+    def _last_message_id(self) -> str | None:
+        return self.transcript[-1].id if self.transcript else None
 
     @property
     def seq(self) -> int:

@@ -66,6 +66,7 @@ class StoredSession:
     messages: list[ChatMessage] = field(default_factory=list)
     calls: list[CallRecord] = field(default_factory=list)
     trims: list[dict[str, Any]] = field(default_factory=list)  # history_trimmed fields, oldest first
+    notices: list[dict[str, Any]] = field(default_factory=list)  # the page's other lines, oldest first
 
 
 class Store(Protocol):
@@ -98,6 +99,9 @@ class Store(Protocol):
     async def record_call(self, session_id: str, call: CallRecord) -> None: ...
 
     async def record_trim(self, session_id: str, trim: Mapping[str, Any]) -> None: ...
+
+    # an error, notice, switch or command line of the transcript (``server.notices``)
+    async def record_notice(self, session_id: str, notice: Mapping[str, Any]) -> None: ...
 
     async def import_session(self, session: StoredSession) -> None: ...
     # windows providers named in their overflow errors, by (provider alias, model)

@@ -159,10 +159,14 @@ class PostgresStore:
             trims = await (await conn.execute(
                 "SELECT data, created_at FROM trims WHERE session_id = %s ORDER BY seq",
                 (session_id,))).fetchall()
+            notices = await (await conn.execute(
+                "SELECT data, created_at FROM notices WHERE session_id = %s ORDER BY seq",
+                (session_id,))).fetchall()
         session_id, title, route, created_at, updated_at = head
         return StoredSession(session_id, title, route, created_at, updated_at,
                              [message_from_data(row[0]) for row in rows], [CallRecord(*row) for row in calls],
-                             [{**data, "created_at": at} for data, at in trims])
+                             [{**data, "created_at": at} for data, at in trims],
+                             [{"created_at": at, **data} for data, at in notices])
 
     async def get_summary(self, session_id: str) -> SessionSummary | None:
         rows = await self._query(_SUMMARY + " WHERE s.id = %s", (session_id,))
@@ -283,10 +287,17 @@ class PostgresStore:
 
     async def record_trim(self, session_id: str, trim: Mapping[str, Any]) -> None:
         """Keep a ``history_trimmed`` event (its fields) so a reload shows the notice again."""
+        await self._put_event("trims", session_id, trim)
+
+    async def record_notice(self, session_id: str, notice: Mapping[str, Any]) -> None:
+        """Keep a line of the transcript (an error, a notice, a switch) for a reload."""
+        await self._put_event("notices", session_id, notice)
+
+    async def _put_event(self, table: str, session_id: str, data: Mapping[str, Any]) -> None:
         async with self._transaction() as conn:
             now = await self._touch(conn, session_id)
-            await conn.execute("INSERT INTO trims (session_id, data, created_at) VALUES (%s, %s, %s)",
-                               (session_id, Json(dict(trim)), now))
+            await conn.execute(f"INSERT INTO {table} (session_id, data, created_at) VALUES (%s, %s, %s)",
+                               (session_id, Json(dict(data)), now))
 
     async def import_session(self, session: StoredSession) -> None:
         """Write a whole session (from an export) at once; its id must be new."""

@@ -186,10 +186,13 @@ class SqliteStore:
                 (session_id,))]
             trims = [{**json.loads(data), "created_at": at} for data, at in self._conn.execute(
                 "SELECT data, created_at FROM trims WHERE session_id = ? ORDER BY seq", (session_id,))]
+            notices = [{"created_at": at, **json.loads(data)} for data, at in self._conn.execute(
+                "SELECT data, created_at FROM notices WHERE session_id = ? ORDER BY seq", (session_id,))]
         finally:
             self._conn.execute("COMMIT")
         session_id, title, route, created_at, updated_at = head
-        return StoredSession(session_id, title, route, created_at, updated_at, messages, calls, trims)
+        return StoredSession(session_id, title, route, created_at, updated_at, messages, calls, trims,
+                             notices)
 
     async def get_summary(self, session_id: str) -> SessionSummary | None:
         row = await self._call(self._query_one, _SUMMARY + " WHERE s.id = ?", (session_id,))
@@ -306,11 +309,15 @@ class SqliteStore:
 
     async def record_trim(self, session_id: str, trim: Mapping[str, Any]) -> None:
         """Keep a ``history_trimmed`` event (its fields) so a reload shows the notice again."""
-        await self._call(self._write, self._put_trim, session_id, _json(dict(trim)))
+        await self._call(self._write, self._put_event, "trims", session_id, _json(dict(trim)))
 
-    def _put_trim(self, session_id: str, data: str) -> None:
+    async def record_notice(self, session_id: str, notice: Mapping[str, Any]) -> None:
+        """Keep a line of the transcript (an error, a notice, a switch) for a reload."""
+        await self._call(self._write, self._put_event, "notices", session_id, _json(dict(notice)))
+
+    def _put_event(self, table: str, session_id: str, data: str) -> None:
         now = self._touch(session_id)
-        self._conn.execute("INSERT INTO trims (session_id, data, created_at) VALUES (?, ?, ?)",
+        self._conn.execute(f"INSERT INTO {table} (session_id, data, created_at) VALUES (?, ?, ?)",
                            (session_id, data, now))
 
     async def import_session(self, session: StoredSession) -> None:

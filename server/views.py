@@ -4,8 +4,8 @@ A message's view is what the page needs to draw it as the live page showed it: l
 are clipped here (the store and the exports keep them whole); images are URLs to fetch
 (``image_url``), never inlined; each reply carries its turn's route, and the turn's last reply its
 usage and cost (joined from the calls the store records per turn); a reply still being written is
-marked ``streaming``. The ``history`` frame also carries the session's trims, so their notices come
-back where they happened.
+marked ``streaming``. The ``history`` frame also carries the session's trims and its other lines
+(errors, notices, switches: ``server.notices``), so they come back where they happened.
 
 History goes out in pages, newest first: the ``history`` snapshot carries the newest messages (at
 most ``server.history_page_messages``, and about ``HISTORY_PAGE_BYTES`` of text) and says how many
@@ -144,7 +144,8 @@ def history_frame(session: Session, page: int) -> Frame:
     messages = session.snapshot()
     start = page_start(messages, len(messages), page)
     frame = server_frame("history", messages=transcript_views(session, start), older=start or None,
-                         trims=list(session.trims) or None, turn_in_flight=running)
+                         trims=list(session.trims) or None, notices=session.notices.shown(),
+                         turn_in_flight=running)
     return {**frame, "seq": session.seq}
 
 

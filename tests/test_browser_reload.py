@@ -28,6 +28,8 @@ from tests.browser_support import (
     send_and_wait,
     sent,
 )
+from tests.fakes import Reply
+from tests.fakes.openai_fake import FakeOpenAI
 
 pytestmark = pytest.mark.browser
 
@@ -69,7 +71,7 @@ IMAGES_LOADED = ("() => [...document.querySelectorAll('.thumbs img')]"
 SHOTS = os.environ.get("METERCHAT_SHOTS")  # a folder: the test leaves its screenshots there to look at
 
 
-def config(folder: Path, *, delay_ms: int = 5, server: str = "") -> Path:
+def config(folder: Path, *, delay_ms: int = 5, server: str = "", providers: str = "") -> Path:
     path = folder / "meterchat.toml"
     path.write_text(f"""
 [server]
@@ -86,6 +88,7 @@ models = {{ "demo-open" = 0 }}
 delay_ms = {delay_ms}
 price_input_per_mtok = 3.0
 price_output_per_mtok = 15.0
+{providers}
 """, encoding="utf-8")
     return path
 
@@ -107,13 +110,19 @@ def shoot(page: Page, name: str) -> None:
         page.screenshot(path=str(Path(SHOTS) / f"{name}.png"))
 
 
-def reloads_the_same(page: Page, event: str) -> list[dict[str, Any]]:
-    before = read_page(page)
+def reloads_the_same(page: Page, event: str, untimed: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """``untimed``: states of a reply that ended without a server time (stopped, failed): the live
+    page shows its own clock's time for those, a reload the server's."""
+    def rows() -> list[dict[str, Any]]:
+        return [{**row, "time": None} if row["state"] in untimed else row for row in read_page(page)]
+
+    before = rows()
     shoot(page, f"{event}-live")
     reload(page)
-    after = read_page(page)
+    after = rows()
     shoot(page, f"{event}-reloaded")
-    assert after == before, event
+    assert after == before, (event, [{k: (a[k], b[k]) for k in a if a[k] != b[k]}
+                                     for a, b in zip(after, before, strict=False) if a != b])
     return after
 
 
@@ -252,3 +261,70 @@ def test_another_tab_shows_the_versions_and_the_set_aside_turns(browser: Browser
         edit_first(page)
         expect(other.locator('[data-role="user"][data-excluded="replaced by an edit"]')).to_have_count(2)
         assert read_page(other) == read_page(page)
+
+
+def line_shown(page: Page, selector: str, count: int) -> None:
+    expect(page.locator(selector)).to_have_count(count)
+
+
+@pytest.mark.parametrize("size", [(1280, 800), (390, 844)], ids=["desktop", "phone"])
+def test_a_reload_shows_the_errors_and_notices_the_live_page_showed(
+        browser: Browser, tmp_path: Path, fake_openai: FakeOpenAI, size: tuple[int, int]) -> None:
+    """A switch's confirmation, an unknown hint's listing, a reply that failed half-way and a call
+    refused outright (each error with its "Try again") come back where they were, and the stored
+    "Try again" sends the failed turn again in its place."""
+    provider = (f'[providers.p]\nkind = "openai"\nbase_url = "{fake_openai.base_url}"\n'
+                'model = "m"\ntools = false')
+    with running_server(config(tmp_path, providers=provider)) as base, \
+            opened_page(browser, base, viewport=size) as page:
+        open_new_chat(page)
+        send_and_wait(page, "echo on the demo")
+        send(page, "/model p/m")
+        line_shown(page, '[data-testid="notice"][data-code="switched"]', 1)
+        reloads_the_same(page, f"switch-{size[0]}")
+        send_and_wait(page, "/hint nowhere tell me")
+        line_shown(page, '[data-testid="notice"][data-code="unknown_hint"]', 1)
+        reloads_the_same(page, f"hint-{size[0]}")
+        fake_openai.enqueue(Reply(text=["half ", "a reply"], stream_error="the model is overloaded",
+                                  error_type="overloaded_error"))
+        send(page, "tell me more")
+        line_shown(page, '[data-testid="error"]', 1)
+        rows = reloads_the_same(page, f"failed-reply-{size[0]}", untimed=("error",))
+        assert [r["state"] for r in rows if r["role"] == "assistant"][-1] == "error"
+        fake_openai.enqueue(Reply(status=503, error="try again later"))
+        send(page, "and again")
+        line_shown(page, '[data-testid="error"]', 2)
+        rows = reloads_the_same(page, f"failed-call-{size[0]}", untimed=("error",))
+        errors = [r["text"] for r in rows if r["kind"] == "notice error"]
+        assert len(errors) == 2 and all(e.endswith("Try again") for e in errors)
+        done = page.locator(DONE).count()
+        page.get_by_test_id("try-again").last.click()
+        expect(page.locator(DONE)).to_have_count(done + 1)
+        assert sent(page, "message")[-1]["content"] == "and again" and sent(page, "message")[-1]["retry_of"]
+        reloads_the_same(page, f"retried-{size[0]}", untimed=("error",))
+
+
+def test_a_line_on_an_older_page_comes_back_with_its_page(
+        browser: Browser, tmp_path: Path, fake_openai: FakeOpenAI) -> None:
+    """History comes in pages: a failed turn's error that follows a message on an older page waits
+    for that page, then takes its place, as the live page showed it."""
+    provider = (f'[providers.p]\nkind = "openai"\nbase_url = "{fake_openai.base_url}"\n'
+                'model = "m"\ntools = false')
+    path = config(tmp_path, server="history_page_messages = 4", providers=provider)
+    with running_server(path) as base, opened_page(browser, base) as page:
+        open_new_chat(page)
+        send(page, "/model p/m")
+        line_shown(page, '[data-testid="notice"][data-code="switched"]', 1)
+        fake_openai.enqueue(Reply(status=503, error="try again later"))
+        send(page, "first, refused")
+        line_shown(page, '[data-testid="error"]', 1)
+        for word in ("two", "three", "four"):
+            send_and_wait(page, f"echo {word}")
+        live = [{**row, "time": None} if row["state"] == "error" else row for row in read_page(page)]
+        reload(page)
+        line_shown(page, '[data-testid="error"]', 0)  # its message is on an older page
+        while page.get_by_test_id("load-older").count():
+            page.get_by_test_id("load-older").click()
+        line_shown(page, '[data-testid="error"]', 1)
+        after = [{**row, "time": None} if row["state"] == "error" else row for row in read_page(page)]
+    assert after == live

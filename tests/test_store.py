@@ -223,6 +223,27 @@ async def test_store_keeps_trims_and_what_a_reload_draws(store: Store, backend: 
     assert backend.count("SELECT COUNT(*) FROM trims") == 0
 
 
+async def test_store_keeps_notices_in_order_with_their_own_times(store: Store, backend: Backend) -> None:
+    await store.create_session("s", title="t", route="r")
+    error = {"type": "error", "code": "provider_unavailable", "message": "down", "retryable": True,
+             "turn_id": "t1", "after_message_id": "m1", "created_at": "2026-11-29T10:00:00.000001+00:00"}
+    switch = {"type": "context", "reason": "switch", "provider": "demo", "model": "small",
+              "estimated_tokens": 12, "after_message_id": None,
+              "created_at": "2026-11-29T10:00:01.000001+00:00"}
+    command = {"type": "command", "content": "/model demo/small", "after_message_id": None}
+    for notice in (error, switch, command):
+        await store.record_notice("s", notice)
+    session = await store.get_session("s")
+    assert session is not None
+    assert session.notices[:2] == [error, switch]  # the time it happened, not the time it was written
+    assert {k: v for k, v in session.notices[2].items() if k != "created_at"} == command
+    assert session.notices[2]["created_at"]
+    with pytest.raises(UnknownSession):
+        await store.record_notice("ghost", command)
+    await store.delete_session("s")
+    assert backend.count("SELECT COUNT(*) FROM notices") == 0
+
+
 async def test_store_unknown_session_writes_raise(store: Store) -> None:
     with pytest.raises(UnknownSession):
         await store.append_messages("ghost", [ChatMessage("user", "x")])

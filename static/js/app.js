@@ -6,7 +6,7 @@ import { Composer } from "./composer.js";
 import { ConversationView } from "./conversation.js";
 import { copyText, uuid } from "./dom.js";
 import { installShortcuts } from "./keys.js";
-import { Meter, switchedLine } from "./meter.js";
+import { Meter } from "./meter.js";
 import { Transcript } from "./model.js";
 import { Sessions } from "./sessions.js";
 import { Connection } from "./socket.js";
@@ -99,6 +99,15 @@ function sendMessage(content, images, retryOf = null, why = "replaced by a retry
   return true;
 }
 
+// A failed turn's "Try again" after a reload: its message is sent again in its place (retry_of), as
+// a regenerate does (attached images are not sent again).
+function retryTurn(turnId) {
+  return () => {
+    const user = transcript.userOfTurn(turnId);
+    if (user && composer.connected && !transcript.streaming) sendMessage(user.text, [], turnId);
+  };
+}
+
 const handlers = {
   session(f) {
     const path = `/s/${encodeURIComponent(f.session_id)}`;
@@ -111,7 +120,7 @@ const handlers = {
     sessions.refresh();
   },
   history(f) {
-    transcript.reset(f.messages || [], f.trims || [], f.turn_in_flight || null, f.older || 0);
+    transcript.reset(f.messages || [], f.trims || [], f.turn_in_flight || null, f.older || 0, f.notices || [], retryTurn);
     view.render("older", transcript.older);
     meter.render("trims", transcript.trims);
   },
@@ -128,7 +137,7 @@ const handlers = {
     }
     lastContext = f;
     if (!composer.editing) meter.render("context", f);
-    if (f.reason === "switch") transcript.notice({ code: "switched", message: switchedLine(f) });
+    if (f.reason === "switch") transcript.switched(f);
     composer.render("trimPreview", f.trim_preview);
     // Hints and fallbacks serve one call; only a switch or the default is the session's choice.
     if (f.route_kind === "switch" || f.route_kind === "default") composer.render("route", f);

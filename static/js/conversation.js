@@ -95,6 +95,7 @@ export class ConversationView {
     if (!node) return;
     this.decorate(node, entry);
     if (entry.kind === "assistant") this.fillReply(node, entry);
+    if (entry.kind === "user") this.fillUser(node, entry);
     fillTime(this.nodes.get(entry.key), entry.time);
     this.queuePin();
   }
@@ -127,6 +128,12 @@ export class ConversationView {
     setData(d, "excluded", entry.excluded);
     if (entry.trimmed) node.title = "Trimmed: no longer sent to the model";
     else if (entry.excluded) node.title = `${capital(entry.excluded)}: no longer sent to the model`;
+  }
+
+  // A sent message shows the text the server kept (a /hint prefix taken off).
+  fillUser(node, entry) {
+    const body = node.querySelector(".msg-body");
+    if (body.textContent !== entry.text) body.textContent = entry.text;
   }
 
   fillReply(node, entry) {
@@ -197,6 +204,7 @@ export class ConversationView {
   markLast({ user, reply }) {
     this.swapLast("lastUserKey", user);
     this.swapLast("lastReplyKey", reply);
+    this.queuePin(); // the last rows' actions appear: a reader at the bottom stays there
   }
 
   swapLast(field, entry) {

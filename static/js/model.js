@@ -5,13 +5,8 @@
 // is a plain object: {key, kind, role, text, state, turnId, messageId, clientId, time, ...}; `kind`
 // is user, assistant, tool, system, breadcrumb, summary, command, notice, trim or error.
 
-import { fmt } from "./dom.js";
-
-let nextKey = 1;
-
-function item(kind, fields) {
-  return { key: nextKey++, kind, time: Date.now(), ...fields };
-}
+import { commandItem, errorItem, footText, item, noticeItem, routeWhy, stoppedEarlyItem, switchedItem } from "./lines.js";
+import { placeLines, placeTrims, settleTools, storedItems } from "./restore.js";
 
 export class Transcript {
   constructor() {
@@ -23,6 +18,9 @@ export class Transcript {
     this.versions = new Map(); // turn_id -> {turns, shown}: a turn and the turns that replaced it
     this.listeners = [];
     this.older = 0;
+    this.holders = new Map(); // message id -> the item that shows it (a reply holds its turn's)
+    this.pendingLines = []; // stored lines that follow a message on an older page, not loaded yet
+    this.retryFor = () => null;
   }
 
   on(listener) {
@@ -73,16 +71,21 @@ export class Transcript {
   // ----- the transcript from a `history` frame: drawn as the live page drew it -----
 
   // trims: the session's history_trimmed events; inFlight: the turn still running, if any;
-  // older: messages the server holds before the first one here (history paging).
-  reset(messages, trims = [], inFlight = null, older = 0) {
+  // older: messages the server holds before the first one here (history paging); lines: the
+  // session's stored errors, notices, switches and commands; retryFor(turnId): a failed turn's
+  // "Try again".
+  reset(messages, trims = [], inFlight = null, older = 0, lines = [], retryFor = () => null) {
     this.older = older;
     this.items = [];
     this.replies.clear();
     this.versions.clear();
+    this.holders.clear();
     this.pendingTurn = inFlight;
-    for (const message of messages) this.items.push(...this.stored(message, inFlight));
-    this.settleTools(inFlight);
-    this.placeTrims(trims);
+    this.retryFor = retryFor;
+    this.items = storedItems(this, messages, inFlight);
+    settleTools(this.items, inFlight);
+    placeTrims(this, trims);
+    this.pendingLines = placeLines(this, this.items, lines, older === 0);
     for (const entry of this.items) if (entry.replaces) this.linkVersion(entry.replaces, entry.turnId, true);
     for (const [turnId, entry] of this.replies) if (turnId !== inFlight) this.replies.delete(turnId);
     this.emit("reset", this.items);
@@ -91,8 +94,9 @@ export class Transcript {
   // An older page (`history_page`): its messages go before every item shown. Their turns are
   // finished, so none of them is a reply that grows.
   prepend(messages, older) {
-    const added = messages.flatMap((m) => this.stored(m, null));
+    const added = storedItems(this, messages, null);
     for (const entry of added) if (entry.turnId !== this.pendingTurn) this.replies.delete(entry.turnId);
+    this.pendingLines = placeLines(this, added, this.pendingLines, older === 0);
     this.items.unshift(...added);
     this.older = older;
     for (const entry of added) if (entry.replaces) this.linkVersion(entry.replaces, entry.turnId, true);
@@ -104,70 +108,6 @@ export class Transcript {
     return first ? first.messageId : null;
   }
 
-  stored(m, inFlight) {
-    const time = m.created_at ? Date.parse(m.created_at) : null;
-    const base = { messageId: m.id, turnId: m.turn_id, trimmed: !!m.trimmed, excluded: m.excluded || null, text: m.content || "", time };
-    if (m.breadcrumb) return [item("breadcrumb", { ...base, role: m.role })];
-    if (m.summary) return [item("summary", { ...base, role: m.role })];
-    if (m.role === "system") return [item("system", { ...base, role: "system" })];
-    if (m.role === "user") {
-      return [item("user", { ...base, role: "user", state: "sent", imageCount: m.images || 0, imageUrls: m.image_urls || null, replaces: m.replaces || null })];
-    }
-    if (m.role === "tool") return this.storedResult(m, base);
-    return this.storedReply(m, base, inFlight);
-  }
-
-  // A tool result lands in its call, inside the reply that asked for it, as the live page showed it.
-  storedResult(m, base) {
-    const reply = this.replies.get(m.turn_id);
-    const call = reply && reply.tools.find((t) => t.id === m.tool_call_id);
-    if (!call) return [item("tool", { ...base, role: "tool", name: m.name, output: m.content })];
-    Object.assign(call, { output: m.content, state: "done" });
-    return [];
-  }
-
-  // The live page grows one reply element per turn (tool calls, then the final text); the history
-  // has one message per provider call: they join again here.
-  storedReply(m, base, inFlight) {
-    const calls = (m.tool_calls || []).map((c) => ({ id: c.id, name: c.name, args: c.args, state: "running" }));
-    // A turn still running shows as streaming (its frames follow), not as "stopped".
-    const state = m.streaming || (inFlight && m.turn_id === inFlight) ? "streaming" : m.interrupted ? "stopped" : "done";
-    const fields = { state, foot: m.usage ? footText(m.usage) : state === "stopped" ? "stopped" : "" };
-    if (m.route) Object.assign(fields, routeFields(m.route));
-    const reply = m.turn_id ? this.replies.get(m.turn_id) : null;
-    if (reply) {
-      // The live reply's text ends as the turn's final text (done's full_response).
-      if (m.content) fields.text = m.content;
-      Object.assign(reply, fields, { tools: [...reply.tools, ...calls], thinking: reply.thinking + (m.thinking || ""), time: base.time });
-      return [];
-    }
-    const entry = item("assistant", { ...base, role: "assistant", tools: calls, thinking: m.thinking || "", route: "", ...fields });
-    if (m.turn_id) this.replies.set(m.turn_id, entry);
-    return [entry];
-  }
-
-  // A call with no result ran in a turn that ended (stopped, failed, or a server that went down).
-  settleTools(inFlight) {
-    for (const entry of this.items) {
-      if (entry.kind !== "assistant" || entry.turnId === inFlight) continue;
-      for (const call of entry.tools) if (call.state === "running") call.state = "stopped";
-    }
-  }
-
-  // Trim notices where the live page put them: above the turn they happened in, or after the
-  // message they followed (a trim on restore).
-  placeTrims(trims) {
-    this.trims = trims.map((t) => ({ ...t, time: t.created_at ? Date.parse(t.created_at) : null }));
-    for (const frame of this.trims) {
-      const notice = item("trim", { frame, time: frame.time });
-      const start = frame.turn_id ? this.items.findIndex((i) => i.turnId === frame.turn_id) : -1;
-      const after = frame.after_message_id ? this.items.findIndex((i) => i.messageId === frame.after_message_id) : -1;
-      if (start >= 0) this.items.splice(start, 0, notice);
-      else if (after >= 0) this.items.splice(after + 1, 0, notice);
-      else this.items.push(notice);
-    }
-  }
-
   // ----- live frames -----
 
   addPendingUser(id, content, dataUrls) {
@@ -175,14 +115,15 @@ export class Transcript {
   }
 
   addCommand(content) {
-    return this.add(item("command", { role: "command", text: content }));
+    return this.add(commandItem(content));
   }
 
   accepted(f) {
     const found = this.items.find((i) => i.kind === "user" && i.clientId === f.id);
     const time = f.created_at ? Date.parse(f.created_at) : Date.now();
     const entry = found || this.add(item("user", { role: "user", clientId: f.id, messageId: f.id, text: f.content, imageCount: f.images || 0, imageUrls: f.image_urls || null, time }));
-    this.update(entry, { state: "sent", turnId: f.turn_id, time });
+    // The text the server kept (a /hint prefix taken off), as a reload shows it.
+    this.update(entry, { state: "sent", turnId: f.turn_id, time, text: f.content ?? entry.text });
     this.pendingTurn = f.turn_id;
     // Another tab's edit or regenerate is a version too: the server echoes what it replaced.
     const replaced = this.replacing.get(f.id) || f.retry_of || f.edit_of;
@@ -206,8 +147,7 @@ export class Transcript {
     const turnId = f.turn_id || this.pendingTurn;
     if (!turnId) return;
     const label = f.model ? `${f.provider}/${f.model}` : f.provider;
-    const why = `${f.route_kind}${f.hint ? `, hint "${f.hint}"` : ""}`;
-    this.update(this.reply(turnId), { route: label, routeTitle: `Served by ${label} (${why})` });
+    this.update(this.reply(turnId), { route: label, routeTitle: `Served by ${label} (${routeWhy(f)})` });
   }
 
   chunk(f) {
@@ -245,7 +185,7 @@ export class Transcript {
   aborted(f) {
     const entry = this.replies.get(f.turn_id);
     if (entry) this.update(entry, { state: "stopped", foot: "stopped", tools: stopped(entry.tools) });
-    else this.add(item("notice", { level: "info", text: "Stopped before the reply began." }));
+    else this.add(stoppedEarlyItem());
     this.finishTurn(f.turn_id);
   }
 
@@ -255,13 +195,17 @@ export class Transcript {
     // A message the server refused stays shown, marked; the rest of the page carries on.
     const refused = this.items.filter((i) => i.kind === "user" && (f.message_id ? i.clientId === f.message_id : i.state === "pending"));
     for (const user of refused) this.update(user, { state: "failed" });
-    this.add(item("error", { code: f.code || "", text: f.message || "Something went wrong.", retry: f.retryable ? retry : null }));
+    this.add(errorItem(f, retry));
     if (f.turn_id) this.finishTurn(f.turn_id);
   }
 
   notice(f) {
-    // Not an error: the turn goes on; the reader should know what the provider did.
-    this.add(item("notice", { level: "trim", code: f.code, text: f.message }));
+    this.add(noticeItem(f));
+  }
+
+  // A switch took effect: the line with the new route's window and trim preview.
+  switched(f) {
+    this.add(switchedItem(f));
   }
 
   finishTurn(turnId) {
@@ -369,20 +313,6 @@ export class Transcript {
   turnsSetAside(f) {
     for (const turnId of f.turn_ids || []) this.setAside(turnId, f.reason, true);
   }
-}
-
-// A reply's footer: what its turn's `done` reported (the history's `usage` has the same fields).
-export function footText(f) {
-  // The input sums the turn's provider calls: a tool loop says how many, so it is not read as one prompt.
-  const calls = typeof f.calls === "number" && f.calls > 1 ? ` (${fmt(f.calls)} calls)` : "";
-  const parts = [`${fmt(f.input_tokens)} in${calls}`, `${fmt(f.output_tokens)} out`];
-  if (typeof f.cost_usd === "number" && f.cost_usd > 0) parts.push(`$${f.cost_usd.toFixed(4)}`);
-  return parts.join(" · ");
-}
-
-function routeFields(r) {
-  const label = r.model ? `${r.provider}/${r.model}` : r.provider;
-  return { route: label, routeTitle: `Served by ${label} (${r.route_kind})` };
 }
 
 function stopped(tools) {

@@ -1,5 +1,6 @@
-// The sidebar: sessions from GET /api/sessions, grouped by day, filtered by the search box, each
-// with a small menu (rename, export, delete); and import.
+// The sidebar: sessions from GET /api/sessions, newest first a page at a time (more as the reader
+// scrolls to "Show older chats"), grouped by day, searched by the server as the reader types (titles
+// and message text), each with a small menu (rename, export, delete); and import.
 // Opening a session is a plain navigation to /s/<id>: the page then restores it over the socket,
 // the same path a reload takes, so there is one way in and it is always exercised.
 
@@ -7,6 +8,9 @@ import { api, getToken } from "./api.js";
 import { el, relativeTime } from "./dom.js";
 
 const DAY_MS = 86_400_000;
+const PAGE = 50; // sessions a request asks for; one more tells whether older ones exist
+const MOST = 499; // a refresh reloads what is shown, up to the API's limit (500) less the probe
+const SEARCH_DELAY_MS = 250; // typing pauses this long before the server is asked
 
 export class Sessions {
   constructor(root, { currentId, onError }) {
@@ -22,9 +26,19 @@ export class Sessions {
     this.openMenu = null; // {button, menu} of the open row menu
     this.refreshing = null;
     this.again = false;
+    this.more = false; // the server holds older sessions than the last one shown
+    this.ticket = 0; // the newest list asked for: an answer to an older request is dropped
+    this.loadingOlder = false;
+    this.searchTimer = null;
+    this.older = el("button", { type: "button", class: "session-older", "data-testid": "sessions-older", text: "Show older chats", onclick: () => this.loadOlder() });
+    // Scrolling the button into view loads the next page; the button stays for keyboards.
+    new IntersectionObserver((seen) => seen.some((e) => e.isIntersecting) && this.loadOlder()).observe(this.older);
     root.querySelector('[data-testid="import-file"]').addEventListener("change", (e) => this.importFile(e.target));
     // The server searches titles and message text (FTS5); the list shows what it answered.
-    this.search.addEventListener("input", () => this.refresh());
+    this.search.addEventListener("input", () => {
+      clearTimeout(this.searchTimer);
+      this.searchTimer = setTimeout(() => this.refresh(), SEARCH_DELAY_MS);
+    });
     document.addEventListener("click", (event) => {
       if (this.openMenu && !this.openMenu.menu.parentElement.contains(event.target)) this.closeMenu();
     });
@@ -56,15 +70,51 @@ export class Sessions {
     return this.refreshing;
   }
 
+  // The newest page, or as many as are shown for the same search: a refresh (a reply finished, a
+  // title changed) keeps the older pages the reader scrolled to.
   async load() {
+    const query = this.search.value.trim();
+    const want = Math.min(MOST, Math.max(PAGE, query === this.query ? this.sessions.length : 0));
+    const ticket = ++this.ticket;
     try {
-      const query = this.search.value.trim();
-      this.sessions = await api(query ? `/api/sessions?q=${encodeURIComponent(query)}` : "/api/sessions");
+      const found = await api(listUrl(query, null, want + 1));
+      if (ticket !== this.ticket) return;
+      this.more = found.length > want;
+      this.sessions = found.slice(0, want);
       this.query = query;
       this.render();
     } catch (error) {
       this.onError(`Could not load sessions: ${error.message}`);
     }
+  }
+
+  // The next page, older than the last session shown (same search).
+  async loadOlder() {
+    if (!this.more || this.loadingOlder || !this.sessions.length) return;
+    const ticket = this.ticket;
+    this.loadingOlder = true;
+    this.older.textContent = "Loading older chats…";
+    try {
+      const found = await api(listUrl(this.query, this.sessions[this.sessions.length - 1].updated_at, PAGE + 1));
+      if (ticket !== this.ticket) return; // a refresh or a new search answered meanwhile
+      const shown = new Set(this.sessions.map((s) => s.id));
+      this.sessions.push(...found.slice(0, PAGE).filter((s) => !shown.has(s.id)));
+      this.more = found.length > PAGE;
+      this.render();
+    } catch (error) {
+      this.onError(`Could not load older sessions: ${error.message}`);
+    } finally {
+      this.loadingOlder = false;
+      this.older.textContent = "Show older chats";
+    }
+    if (ticket === this.ticket && this.olderInView()) this.loadOlder(); // a tall sidebar: keep filling it
+  }
+
+  olderInView() {
+    if (!this.older.isConnected) return false;
+    const button = this.older.getBoundingClientRect();
+    const list = this.list.getBoundingClientRect();
+    return list.height > 0 && button.top < list.bottom && button.bottom > list.top;
   }
 
   render() {
@@ -84,6 +134,7 @@ export class Sessions {
       ),
     );
     if (!shown.length) this.list.append(el("p", { class: "empty", text: this.query ? "No chat matches." : "No saved sessions yet." }));
+    if (this.more) this.list.append(this.older);
   }
 
   item(s) {
@@ -251,6 +302,13 @@ export function groupByDay(sessions, now = new Date()) {
     groups[label].push(s);
   }
   return Object.entries(groups).filter(([, items]) => items.length);
+}
+
+function listUrl(query, before, limit) {
+  const params = new URLSearchParams({ limit: String(limit) });
+  if (query) params.set("q", query);
+  if (before) params.set("before", before);
+  return `/api/sessions?${params}`;
 }
 
 function toMillis(value) {
