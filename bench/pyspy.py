@@ -58,6 +58,15 @@ ENTRY_POINTS = {
 }
 
 
+LOOP, RUN = "run (asyncio/runners.py:118)", "HttpProvider._run (server/providers/_http.py:152)"
+SAMPLE = [  # (stack, samples), outermost frame first, as py-spy's raw format has them
+    ([LOOP, RUN, "SSEDecoder.feed (server/providers/decoders.py:113)"], 3),
+    ([LOOP, RUN, "Response.aiter_raw (httpx/_models.py:990)", "read (h11/_readers.py:100)"], 5),
+    ([LOOP, "Connection.send_loop (server/connection.py:240)", "send (websockets/protocol.py:300)"], 2),
+    ([LOOP], 4),
+]
+
+
 def layer_of(stack: list[str]) -> str:
     leaf = stack[-1]
     if "asyncio/runners.py" in leaf or "uvloop" in leaf:  # uvloop's C loop runs under Runner.run
@@ -124,7 +133,14 @@ def main() -> None:
     parser.add_argument("--pin", action="store_true")
     parser.add_argument("--out", type=Path, help="where the raw stacks go (default: a temporary dir)")
     parser.add_argument("--summarize", nargs="+", type=Path, help="only summarize these raw files")
+    parser.add_argument("--quick", action="store_true", help="summarize a built-in sample (no servers, "
+                        "no py-spy): does the summary still work")
     args, extra = parser.parse_known_args()
+    if args.quick:
+        sample = Path(tempfile.mkdtemp(prefix="meterchat-profile-")) / "sample.txt"
+        sample.write_text("".join(f"{';'.join(stack)} {count}\n" for stack, count in SAMPLE))
+        print(summary("built-in sample", sample))
+        return
     if args.summarize:
         for raw in args.summarize:
             print(summary(raw.stem, raw))
