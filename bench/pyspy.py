@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("SSE decoding (decoders.py)", ("providers/decoders.py",)),
     ("provider dialect + text guard", ("providers/openai.py", "providers/text.py", "providers/base.py")),
     ("provider read loop (_http.py)", ("providers/_http.py",)),
+    ("provider network backend (transport.py)", ("providers/transport.py",)),
     ("channel: emit, frame log, outbox", ("server/channel.py", "server/events.py")),
     ("reply writer + flusher", ("server/reply.py", "server/flusher.py", "server/store")),
     ("turn + session", ("server/turn.py", "server/session.py", "server/hub.py")),
@@ -47,6 +48,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("uvicorn (other)", ("(uvicorn/",)),
     ("asyncio (streams, tasks, events)", ("(asyncio/",)),
     ("sqlite / store", ("sqlite",)),
+    ("contextlib (httpx's and httpcore's exception maps)", ("(contextlib.py",)),
+    ("worker threads waiting", ("(threading.py",)),
 ]
 ENTRY_POINTS = {
     "provider read (HttpProvider._run)": "_run (server/providers/_http.py",
