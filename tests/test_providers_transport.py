@@ -75,6 +75,10 @@ async def test_the_provider_client_reads_through_the_lean_backend(monkeypatch):
 
 
 async def test_a_proxy_in_the_environment_keeps_httpx_default_transport(monkeypatch):
+    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_PROXY", "localhost")
+    assert build_transport(LIMITS) is not None  # NO_PROXY alone configures no proxy
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
     assert build_transport(LIMITS) is None
 

@@ -193,7 +193,7 @@ async def _connect(opener: Any, timeout: float | None, socket_options: Iterable[
 def build_transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport | None:
     """httpx's transport with its pool on ``LeanBackend``; None where httpx's default must stay (a
     proxy in the environment, or an httpx whose transport no longer keeps a connection pool)."""
-    if urllib.request.getproxies():
+    if any(scheme != "no" for scheme in urllib.request.getproxies()):  # NO_PROXY alone names none
         return None
     transport = httpx.AsyncHTTPTransport(limits=limits)
     if not isinstance(getattr(transport, "_pool", None), httpcore.AsyncConnectionPool):
