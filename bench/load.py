@@ -7,12 +7,15 @@ own process: the fake provider, the server under test, the clients.
     .venv/bin/python bench/load.py --quick              # N = 20 for a few seconds
     .venv/bin/python bench/load.py --sessions 300 --pin # server on core 0, fake + clients on core 1
     .venv/bin/python bench/load.py --loop asyncio --ws wsproto   # measure a uvicorn option
+    .venv/bin/python bench/load.py --sessions 300 --paths direct --instances 1,2   # behind nginx
 
 Each token carries the fake's monotonic-ns stamp, so a client times every chunk against the moment
 the provider wrote it. Printed per N: chunk delay p50/p99 and the delay added over direct, first-chunk
 delay added, chunks lost or reordered, the server's CPU seconds per 1,000 chunks and share of a core,
-its RSS growth per session, the clients' own CPU share, and ratios to the bare relay. Nothing is
-asserted. Everything binds 127.0.0.1, every phase has a deadline, and every child is stopped.
+its RSS growth per session, the clients' own CPU share, and ratios to the bare relay. With
+``--instances 1,2``: the same sessions through nginx (deploy/nginx.conf) to one and to two meterchat
+processes sharing a private Redis, with nginx's and Redis's CPU and the Redis round trips per chunk.
+Nothing is asserted. Everything binds 127.0.0.1, every phase has a deadline, and every child is stopped.
 """
 
 from __future__ import annotations
@@ -37,7 +40,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--paths", default="direct,relay,meterchat", help="which paths to measure")
     parser.add_argument("--quick", action="store_true", help="N=20, 1.5 s replies, no first-chunk mode")
     parser.add_argument("--pin", action="store_true", help="taskset: server on core 0, the rest on core 1")
-    parser.add_argument("--workers", type=int, help="passed to meterchat when its CLI has --workers")
+    parser.add_argument("--workers", type=int, help="passed to meterchat when its CLI has --workers "
+                        "(above 1 with a private Redis as [live] url)")
+    parser.add_argument("--instances", default="", help="comma-separated N values: also measure N "
+                        "meterchat processes behind nginx (deploy/nginx.conf) on a private Redis")
     parser.add_argument("--loop", help="uvicorn loop for meterchat and the relay (auto|asyncio|uvloop)")
     parser.add_argument("--http", help="uvicorn HTTP parser (auto|h11|httptools)")
     parser.add_argument("--ws", help="uvicorn WebSocket implementation "

@@ -9,8 +9,10 @@
 
 A summary is ``{id, title, route, created_at, updated_at, message_count}``. Every error is
 ``{"error": {"code", "message"}}`` (``error_body``): 400 bad input, 404 unknown session, 409 id
-taken, 413 body over its limit; routes raise ``ClientError`` and the application's
-``EXCEPTION_HANDLERS`` render it. Authentication is the application's middleware, not this module's.
+taken, 413 body over its limit, 408 a body not complete within ``BODY_SECONDS``, 503 ``busy`` when
+the bodies being read at once would pass ``MAX_READING_BYTES``; routes raise ``ClientError`` and
+the application's ``EXCEPTION_HANDLERS`` render it. Authentication is the application's
+middleware, not this module's.
 
 The routes read their services from the lifespan state (``ApiState``): the ``store``, and
 ``on_change(id, what)``, awaited after a committed ``renamed``, ``deleted`` or ``imported`` so live
@@ -25,11 +27,12 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypedDict
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from server.errors import ClientError, SessionExists, TooLarge, UnknownSession
+from server.errors import Busy, ClientError, SessionExists, SlowBody, TooLarge, UnknownSession
 from server.export import from_json, to_json, to_markdown
 from server.protocol import echo
 from server.store import SessionSummary, Store
@@ -41,7 +44,12 @@ MAX_TITLE_CHARS = 200
 MAX_LIST_LIMIT = 500
 MAX_QUERY_CHARS = 200
 MAX_ID_CHARS = 200  # longer than any id this server makes or imports
-_STATUS = ((UnknownSession, 404), (SessionExists, 409), (TooLarge, 413), (ClientError, 400))
+# A body is held whole until it is parsed: without these, clients sending all but the last byte of
+# a 32 MiB import on each of the server's connections held 32 MiB each, for ever.
+MAX_READING_BYTES = 64 * 1024 * 1024  # bodies being read at once, over the whole process
+BODY_SECONDS = 60.0  # a 32 MiB import over a link of 0.5 MiB/s
+_STATUS = ((UnknownSession, 404), (SessionExists, 409), (TooLarge, 413), (SlowBody, 408), (Busy, 503),
+           (ClientError, 400))
 log = logging.getLogger(__name__)
 
 
@@ -71,16 +79,44 @@ def error_response(request: Request, exc: Exception) -> Response:
 EXCEPTION_HANDLERS: Mapping[Any, Callable[[Request, Exception], Response]] = {ClientError: error_response}
 
 
-async def read_json(request: Request[Any], limit: int) -> Any:
+class Reading:
+    """The bytes of request bodies being read at once; a body that would pass ``limit`` is refused."""
+
+    def __init__(self, limit: int = MAX_READING_BYTES) -> None:
+        self.limit = limit
+        self.used = 0
+
+    async def body(self, request: Request[Any], limit: int) -> bytearray:
+        """The body, refused (413) past ``limit``, (503) past the shared bound, (408) if slow."""
+        body = bytearray()
+        try:
+            with anyio.fail_after(BODY_SECONDS):
+                async for chunk in request.stream():
+                    self.take(len(chunk))
+                    body += chunk
+                    if len(body) > limit:
+                        raise TooLarge(f"body: over the limit of {limit} bytes")
+        except TimeoutError as exc:
+            raise SlowBody(f"body: not complete within {BODY_SECONDS:g} s") from exc
+        finally:
+            self.used -= len(body)
+        return body
+
+    def take(self, size: int) -> None:
+        if self.used + size > self.limit:
+            raise Busy("body: the server is reading too many large bodies at once; try again later")
+        self.used += size
+
+
+READING = Reading()  # one per process: the memory it bounds is the process's
+
+
+async def read_json(request: Request[Any], limit: int, reading: Reading = READING) -> Any:
     """The request body as JSON, refusing (413) before reading more than ``limit`` bytes."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise TooLarge(f"body: {declared} bytes is over the limit of {limit}")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise TooLarge(f"body: over the limit of {limit} bytes")
+    body = await reading.body(request, limit)
     try:
         return json.loads(body)
     except ValueError as exc:

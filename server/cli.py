@@ -1,23 +1,31 @@
-"""``meterchat [--config PATH] [--host HOST] [--port PORT]``: start the server.
+"""``meterchat [--config PATH] [--host HOST] [--port PORT] [--workers N]``: start the server.
 
 Without ``--config`` the server starts on the embedded offline demo provider. A bad settings file
-stops start-up with a message naming the key.
+stops start-up with a message naming the key. ``--workers`` runs several processes on one socket
+(server.workers).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any, TypeVar
 
 import uvicorn
 
 from server.access import exposure_problem
-from server.config import load_settings
+from server.config import Settings, load_settings
 from server.errors import ConfigError
 from server.routing import RouteResolver
 from server.serving import DrainingServer, redact_logs, uvicorn_options
+from server.workers import WORKER_HEADER, WorkerServer, supervise, worker_count
+from server.ws_guard import LingeringWebSocketProtocol
+
+T = TypeVar("T")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -25,45 +33,73 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", help="TOML settings file (default: the embedded demo)")
     parser.add_argument("--host", help="interface to listen on (overrides [server] host)")
     parser.add_argument("--port", type=int, help="TCP port (overrides [server] port; 0 = any free)")
+    parser.add_argument("--workers", type=worker_count, default=1, metavar="N",
+                        help="worker processes on one socket (auto or 0 = one per core; more than "
+                             "one needs [live] url)")
     parser.add_argument("--insecure-no-auth", action="store_true",
                         help="serve a non-loopback address without an auth token (a proxy authenticates)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    # Set by the --workers supervisor for each worker it starts (server.workers), not by hand.
+    parser.add_argument("--worker-socket", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    try:
-        settings = load_settings(args.config)
-        RouteResolver(settings, {})  # model_routes and the default route resolve, or start-up stops
-    except ConfigError as exc:
-        print(f"meterchat: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
-    from server.app import create_app
-
+    settings = checked(lambda: load_settings(args.config))
+    checked(lambda: RouteResolver(settings, {}))  # model_routes and the default route resolve
     host = args.host or settings.server.host
     port = settings.server.port if args.port is None else args.port
+    if args.worker_socket is not None:  # the supervisor refused an exposed bind already
+        return serve_worker(args, settings, host, port)
     refuse_exposure(host, settings.server.auth_token, args.insecure_no_auth)
-    # The Host allow-list admits the bound address: it must be the one actually bound.
-    settings = replace(settings, server=replace(settings.server, host=host, port=port))
+    if args.workers > 1:
+        raise SystemExit(supervise(args, settings, host, port))
+    settings, app = build_app(settings, host, port)
+    print(f"meterchat: serving on http://{host}:{port}/ ({settings.source}; default route "
+          f"{settings.default_route})", file=sys.stderr, flush=True)
+    DrainingServer(uvicorn_config(app, settings, args.log_level), app).run()
+
+
+def checked(step: Callable[[], T]) -> T:
+    """A start-up step whose ConfigError stops the server with one line naming the key."""
     try:
-        app = create_app(settings)  # a database that cannot be used stops start-up here, in one line
+        return step()
     except ConfigError as exc:
         print(f"meterchat: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
-    print(f"meterchat: serving on http://{host}:{port}/ ({settings.source}; default route "
-          f"{settings.default_route})", file=sys.stderr, flush=True)
+
+
+def build_app(settings: Settings, host: str, port: int) -> tuple[Settings, Any]:
+    from server.app import create_app
+
+    # The Host allow-list admits the bound address: it must be the one actually bound.
+    settings = replace(settings, server=replace(settings.server, host=host, port=port))
+    return settings, checked(lambda: create_app(settings))  # an unusable database stops start-up here
+
+
+def uvicorn_config(app: Any, settings: Settings, log_level: str,
+                   headers: list[tuple[str, str]] | None = None) -> uvicorn.Config:
     # No per-message deflate: chat frames are small and many, so compressing each costs more CPU
     # than it saves on a local or LAN link. Loop and WebSocket implementation were chosen by
     # bench/load.py (docs/performance.md): "auto" takes uvloop where pyproject installs it. The HTTP
     # parser is h11 with a deadline on request heads (server.serving.guarded_h11, slowloris).
-    config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level,
-                            loop="auto", ws="websockets-sansio",
+    config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port,
+                            log_level=log_level, loop="auto", ws=LingeringWebSocketProtocol,
                             ws_max_size=16 * 1024 * 1024, ws_per_message_deflate=False,
-                            **uvicorn_options(settings.server))
-    redact_logs(profile.api_key for profile in settings.providers.values())
-    DrainingServer(config, app).run()
+                            headers=headers or [], **uvicorn_options(settings.server))
+    redact_logs(profile.api_key for profile in settings.providers.values())  # after uvicorn's set-up
+    return config
+
+
+def serve_worker(args: argparse.Namespace, settings: Settings, host: str, port: int) -> None:
+    """One worker of ``--workers``: the whole server on the socket its supervisor bound."""
+    settings, app = build_app(settings, host, port)
+    config = uvicorn_config(app, settings, args.log_level, [(WORKER_HEADER, str(args.worker_index))])
+    sock = socket.socket(fileno=args.worker_socket)
+    WorkerServer(config, app, args.worker_index).run(sockets=[sock])
 
 
 def refuse_exposure(host: str, auth_token: str, insecure: bool) -> None:

@@ -131,10 +131,10 @@ class Connection:
             with anyio.move_on_after(waited):
                 return dict(await self.ws.receive())
             if self.state is ConnState.AWAITING_HELLO:
-                await self.ws.close(code=1008, reason=f"no hello within {waited:g} s")
+                await self.close(1008, f"no hello within {waited:g} s")
                 return None
             if self.session is None or not self.session.busy:
-                await self.ws.close(code=1001, reason=f"idle for {waited:g} s; reconnect with last_seq")
+                await self.close(1001, f"idle for {waited:g} s; reconnect with last_seq")
                 return None
 
     def read_timeout(self) -> float:

@@ -86,6 +86,10 @@ class TooLarge(ClientError):
     code = "too_large"
 
 
+class SlowBody(ClientError):
+    code = "request_timeout"
+
+
 class FrameFlood(ClientError):
     """Shares the provider's code: to a client, "slow down" is one answer whoever asks it."""
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -44,7 +44,7 @@ from server.config import LiveSettings
 from server.errors import error_frame
 from server.events import OBSERVED_TYPES, EventBus
 from server.lease import PREFIX, Claim, InstanceLost, LiveUnavailable, TurnLease, session_key
-from server.live_shared import SharedCalibrations
+from server.live_shared import SharedCalibrations, SharedWindows
 from server.routing import RouteResolver
 
 __all__ = ["InstanceLost", "LiveUnavailable", "RedisChannel", "RedisLive"]
@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 EVENTS_CHANNEL = PREFIX + "events"
 STREAM_TTL_MS = 24 * 3600 * 1000  # an idle session's stream and counter leave Redis after a day
 RETRY_SECONDS = 0.5
+POOL_SIZE, POOL_WAIT_SECONDS = 100, 5.0  # connections per instance; a call's wait for a free one
 
 _APPEND = """
 local seq = redis.call('INCR', KEYS[1])
@@ -207,8 +208,11 @@ class RedisLive:
     """The instance's connection to the shared live side: flusher, tail, pub/sub and watchdog."""
 
     def __init__(self, settings: LiveSettings, bus: EventBus, instance: str | None = None) -> None:
-        self.redis = Redis.from_url(settings.url, decode_responses=True, retry=Retry(NoBackoff(), 1),
-                                    health_check_interval=30)
+        # Calls beyond the pool wait for a connection: redis-py's default pool raised "Too many
+        # connections", so under load a failed heartbeat had a live turn taken over (instance_lost).
+        self.redis = Redis.from_pool(BlockingConnectionPool.from_url(
+            settings.url, decode_responses=True, retry=Retry(NoBackoff(), 1), health_check_interval=30,
+            max_connections=POOL_SIZE, timeout=POOL_WAIT_SECONDS))
         self.instance = instance or uuid.uuid4().hex[:12]
         self.bus = bus
         self.max_frames = settings.stream_max_frames
@@ -237,6 +241,8 @@ class RedisLive:
                 shared = SharedCalibrations(self.redis, tasks, self.instance)
                 await shared.load()
                 resolver.calibration = shared
+                shared.on_window = resolver.adopt_window
+                resolver.remember_windows(SharedWindows(resolver.window_memory, self.redis, self.instance))
                 tasks.start_soon(shared.listen)
         except RedisError as exc:
             raise LiveUnavailable(f"live.url: cannot reach Redis ({exc})") from exc

@@ -1,4 +1,5 @@
-"""What the meters of several instances share through Redis (live mode): the calibration.
+"""What the meters of several instances share through Redis (live mode): the calibration and the
+windows learned from overflow errors.
 
 Each instance learns the ratio of reported to estimated tokens per route from the calls it makes
 (``calibration.Calibrations``). With several instances behind a load balancer, each would learn its
@@ -7,14 +8,18 @@ state (ratio, observations) after every observation, into the hash ``meterchat:c
 at start-up) and on the pub/sub channel of the same name; every instance adopts what it hears, so
 the next observation on any instance continues the same average. Last writer wins: two calls that
 finish in the same instant on two instances keep one of the two updates, which the next call
-corrects. Discovered windows are not shared: each instance asks the same provider and gets the same
-answer, once per model.
+corrects. A window a provider named in its overflow error is stored by the instance that learned it
+(every instance reads the store's windows at start) and announced on ``meterchat:windows``
+(``SharedWindows``), so the instances already running trim to it before their next send too.
+Windows discovered from a provider's metadata are not shared: each instance asks the same provider
+and gets the same answer, once per model.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 
 import anyio
 from anyio.abc import TaskGroup
@@ -23,10 +28,12 @@ from redis.exceptions import RedisError
 
 from server.calibration import DEFAULT_ALPHA, Calibration, Calibrations
 from server.lease import PREFIX
+from server.routing import WindowMemory
 
 log = logging.getLogger(__name__)
 
 CALIBRATION_KEY = PREFIX + "calibration"  # a hash (route -> state) and a pub/sub channel
+WINDOWS_KEY = PREFIX + "windows"  # a pub/sub channel: {"provider", "model", "tokens", "from"}
 RETRY_SECONDS = 0.5
 
 
@@ -39,6 +46,7 @@ class SharedCalibrations(Calibrations):
         self.changed = anyio.Event()  # set (and renewed) whenever another instance's state arrives
         self.listening = anyio.Event()  # set once subscribed
         self._alpha_value = alpha
+        self.on_window: Callable[[str, str, int], None] = lambda provider, model, tokens: None
 
     def observe(self, route: object, estimate: int, reported: int) -> None:
         key = route if isinstance(route, str) else str(getattr(route, "name", route))
@@ -74,13 +82,41 @@ class SharedCalibrations(Calibrations):
         while True:
             try:
                 async with self.redis.pubsub() as pubsub:
-                    await pubsub.subscribe(CALIBRATION_KEY)
+                    await pubsub.subscribe(CALIBRATION_KEY, WINDOWS_KEY)
                     async for message in pubsub.listen():
-                        if message.get("type") == "subscribe":  # Redis confirmed: nothing is missed now
-                            self.listening.set()
+                        if message.get("type") == "subscribe" and message.get("channel") == WINDOWS_KEY:
+                            self.listening.set()  # Redis confirmed both: nothing is missed now
                         data = json.loads(message["data"]) if message.get("type") == "message" else {}
                         if data and data.get("from") != self.instance:  # not our own echo
-                            self.adopt(data["route"], data["state"])
+                            self._heard(message["channel"], data)
             except RedisError as exc:
                 log.warning("live: calibration listener lost Redis: %s", exc)
                 await anyio.sleep(RETRY_SECONDS)
+
+    def _heard(self, channel: str, data: dict[str, object]) -> None:
+        if channel == WINDOWS_KEY:
+            self.on_window(str(data["provider"]), str(data["model"]), int(str(data["tokens"])))
+        else:
+            self.adopt(str(data["route"]), str(data["state"]))
+
+
+class SharedWindows:
+    """The resolver's window memory in live mode: the store keeps a learned window, and every other
+    running instance hears of it at once (``SharedCalibrations.listen`` adopts what it hears)."""
+
+    def __init__(self, memory: WindowMemory | None, redis: Redis, instance: str) -> None:
+        self.memory = memory
+        self.redis = redis
+        self.instance = instance
+
+    async def load_windows(self) -> dict[tuple[str, str], int]:
+        return await self.memory.load_windows() if self.memory is not None else {}
+
+    async def save_window(self, provider: str, model: str, tokens: int) -> None:
+        if self.memory is not None:
+            await self.memory.save_window(provider, model, tokens)
+        message = {"provider": provider, "model": model, "tokens": tokens, "from": self.instance}
+        try:
+            await self.redis.publish(WINDOWS_KEY, json.dumps(message))
+        except RedisError as exc:  # stored all the same: the others read it when they next start
+            log.warning("live: window of %s/%s not announced: %s", provider, model, exc)

@@ -203,6 +203,15 @@ class RouteResolver:
     def remember_windows(self, memory: WindowMemory) -> None:
         self._memory = memory
 
+    @property
+    def window_memory(self) -> WindowMemory | None:
+        return self._memory
+
+    def adopt_window(self, provider: str, model: str, tokens: int) -> None:
+        """Another instance learned this window (and stored it): use it from now on."""
+        if tokens > 0:
+            self._learned[(provider, model)] = tokens
+
     async def learn_window(self, route: Route, tokens: int) -> bool:
         """A provider refused for context length and named its limit: that is the route's window
         from now on (persisted). False when it was already known to be that."""

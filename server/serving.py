@@ -105,12 +105,14 @@ def guarded_httptools(head_timeout: float, max_head_bytes: int) -> type[asyncio.
             self._arm()
 
         def data_received(self, data: bytes) -> None:
-            if self._head_bytes is not None:
-                self._head_bytes += len(data)
-                if self._head_bytes > max_head_bytes:
-                    self.transport.close()
-                    return
+            # Parsed first, counted after: one read may carry a whole head and the start of its body
+            # (a proxy writes both at once), and only a head still incomplete is held to the bound.
+            waiting = self._head_bytes is not None
             super().data_received(data)
+            if waiting and self._head_bytes is not None:
+                self._head_bytes += len(data)
+                if self._head_bytes > max_head_bytes and not self.transport.is_closing():
+                    self.transport.close()
 
         def on_headers_complete(self) -> None:
             self._head_bytes = None

@@ -33,7 +33,9 @@ async def test_resume_mid_stream_loses_and_repeats_nothing(tmp_path):
             assert session["resumed"] is True and session["seq"] == last_seq
             rest = await b.until("done")
     seqs = [f["seq"] for f in rest]
-    assert seqs == list(range(last_seq + 1, last_seq + 1 + len(rest)))
+    # Dense unless chunks that piled up for the client left as one frame (it carries the last
+    # piece's seq: docs/protocol.md), which a loaded machine does; the text says nothing was lost.
+    assert seqs[0] > last_seq and seqs == sorted(set(seqs))
     assert text_of(seen) + text_of(rest) == rest[-1]["full_response"]
     assert not of_type(rest, "history")
 

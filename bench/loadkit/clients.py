@@ -54,11 +54,14 @@ class Stats:
     frames: int = 0
     finished: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+    said: dict[str, str] = field(default_factory=dict)  # the first message of each error code
     unfinished: set[Session] = field(default_factory=set)  # still streaming: lost if the deadline comes
     created: int = 0  # sessions whose protocol object exists (connected or not)
 
-    def error(self, code: str) -> None:
+    def error(self, code: str, message: str = "") -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
+        if message:
+            self.said.setdefault(code, message[:200])
 
 
 class Session(asyncio.Protocol):
@@ -208,8 +211,11 @@ class SocketSession(Session):
             self.next_turn()
         elif kind == "done":
             self.end_turn()
+        elif kind == "aborted":  # stopped by the server (a lost lease, a drain): not held, but ended
+            self.stats.error("aborted")
+            self.end_turn()
         elif kind == "error":
-            self.stats.error(str(frame.get("code")))
+            self.stats.error(str(frame.get("code")), str(frame.get("message", "")))
             if "turn_id" in frame or "message_id" in frame:
                 self.end_turn()
 
@@ -230,7 +236,7 @@ async def connect(plan: Plan, stats: Stats, delay: float) -> None:
 
 async def run(plan: Plan) -> tuple[Stats, dict[str, Any]]:
     stats = Stats()
-    abusers = await abuse.start(plan.host, plan.tokens * 10) if plan.abuse and plan.kind == "ws" else {}
+    mix = await abuse.start(plan.host, plan.tokens * 10) if plan.abuse and plan.kind == "ws" else None
     tasks = [asyncio.ensure_future(connect(plan, stats, i * plan.ramp / max(1, plan.sessions)))
              for i in range(plan.sessions)]
     done, pending = await asyncio.wait(tasks, timeout=plan.timeout)
@@ -241,7 +247,7 @@ async def run(plan: Plan) -> tuple[Stats, dict[str, Any]]:
     for session in stats.unfinished:
         stats.lost += session.remaining()
     stats.lost += (plan.sessions - stats.created) * plan.tokens * plan.turns  # never got that far
-    return stats, abusers
+    return stats, (await mix.finish() if mix else {})
 
 
 def percentiles(values: array) -> dict[str, float]:
@@ -262,7 +268,7 @@ def main(plan_json: str) -> None:
     used = os.times()
     summary = {"delay": percentiles(stats.delays), "first": percentiles(stats.first),
                "received": stats.received, "lost": stats.lost, "reordered": stats.reordered,
-               "frames": stats.frames, "finished": stats.finished, "errors": stats.errors,
+               "frames": stats.frames, "finished": stats.finished, "errors": stats.errors, "said": stats.said,
                "wall": time.monotonic() - started, "abuse": abusers,
                "client_cpu": max(0.0, used.user + used.system - cpu.user - cpu.system)}
     print(json.dumps(summary))

@@ -43,8 +43,12 @@ def free_port() -> int:
 
 
 def command(args: list[str], cores: str | None) -> list[str]:
+    return pinned([sys.executable, *args], cores)
+
+
+def pinned(program: list[str], cores: str | None) -> list[str]:
     prefix = ["taskset", "-c", cores] if cores and shutil.which("taskset") else []
-    return [*prefix, sys.executable, *args]
+    return [*prefix, *program]
 
 
 def die_with_parent() -> None:
@@ -57,9 +61,14 @@ def spawn(args: list[str], cores: str | None, **options: Any) -> subprocess.Pope
 
 
 def start(args: list[str], port: int, cores: str | None, log: Path) -> subprocess.Popen[bytes]:
-    """Start a part and wait (at most 30 s) until it accepts connections on ``port``."""
+    """Start a Python part (``args`` after the interpreter) and wait until it accepts on ``port``."""
+    return start_program(command(args, cores), port, log)
+
+
+def start_program(program: list[str], port: int, log: Path) -> subprocess.Popen[bytes]:
+    """Start any program and wait (at most 30 s) until it accepts connections on ``port``."""
     with log.open("ab") as sink:
-        process = spawn(args, cores, stdout=sink, stderr=sink)
+        process = subprocess.Popen(program, cwd=ROOT, preexec_fn=die_with_parent, stdout=sink, stderr=sink)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and process.poll() is None:
         try:
@@ -68,7 +77,7 @@ def start(args: list[str], port: int, cores: str | None, log: Path) -> subproces
         except OSError:
             time.sleep(0.05)
     stop(process)
-    raise RuntimeError(f"{' '.join(args[:3])} did not start; see {log}:\n{log.read_text()[-2000:]}")
+    raise RuntimeError(f"{' '.join(program[:4])} did not start; see {log}:\n{log.read_text()[-2000:]}")
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -81,8 +90,8 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait(10)
 
 
-def tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (worker processes count toward the server)."""
+def tree(pid: int | tuple[int, ...]) -> list[int]:
+    """``pid`` (or each of several) and their descendants (workers count toward the server)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -91,7 +100,7 @@ def tree(pid: int) -> list[int]:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
+    found, todo = [], [pid] if isinstance(pid, int) else list(pid)
     while todo:
         current = todo.pop()
         found.append(current)
@@ -99,7 +108,7 @@ def tree(pid: int) -> list[int]:
     return found
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int | tuple[int, ...]) -> float:
     total = 0.0
     for member in tree(pid):
         try:
@@ -110,7 +119,7 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
-def rss_bytes(pid: int) -> int:
+def rss_bytes(pid: int | tuple[int, ...]) -> int:
     total = 0
     for member in tree(pid):
         try:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.loadkit import rss
+
 COLUMNS = ("path", "ok", "chunks", "lost", "reord", "p50 ms", "p99 ms", "+p50", "+p99", "1st +p50",
            "1st +p99", "cpu s/1k", "1-core cap", "core %", "rss/sess KiB",
-           "client %")
+           "client %", "redis rt/chunk")
 
 
 def cell(value: Any, digits: int = 2) -> str:
@@ -28,7 +30,8 @@ def row(name: str, r: dict[str, Any], direct: dict[str, Any]) -> list[str]:
             cell(added(delay, base, "p50")), cell(added(delay, base, "p99")),
             cell(added(first, base_first, "p50")), cell(added(first, base_first, "p99")),
             cell(r.get("cpu_per_1k"), 3), cell(ceiling(r), 0), cell(r.get("core_pct"), 0),
-            cell(r.get("rss_per_session"), 0), cell(r.get("client_pct"), 0)]
+            cell(r.get("rss_per_session"), 0), cell(r.get("client_pct"), 0),
+            cell(r.get("redis_reads_per_chunk"), 3)]
 
 
 def ceiling(r: dict[str, Any]) -> float | None:
@@ -47,13 +50,24 @@ def table(title: str, results: dict[str, dict[str, Any]]) -> str:
     lines += ratios(results, direct)
     for name, r in results.items():
         if r.get("rss_mib"):
-            before, peak, end = r["rss_mib"]
-            lines.append(f"  {name} RSS: {before} MiB before, {peak} MiB at peak, {end} MiB at the end")
+            lines += rss.describe(name, r)
+        if r.get("side_cpu_per_1k"):
+            lines.append(f"  {name} beside it: {side(r)}")
         if r["errors"]:
             lines.append(f"  {name} errors: {r['errors']}")
+            lines += [f"    {code}: {message}" for code, message in (r.get("said") or {}).items()]
         for kind, outcome in (r.get("abuse") or {}).items():
             lines.append(f"  {name} abuse {kind}: {outcome}")
     return "\n".join(lines)
+
+
+def side(r: dict[str, Any]) -> str:
+    """nginx's and Redis's share: CPU per 1,000 chunks, and Redis commands per chunk."""
+    parts = [f"{name} {seconds:.3f} cpu s/1k" for name, seconds in r["side_cpu_per_1k"].items()]
+    if r.get("redis_commands_per_chunk") is not None:
+        calls = ", ".join(f"{name} {n:.2f}" for name, n in r["redis_calls_per_chunk"].items())
+        parts.append(f"Redis {r['redis_commands_per_chunk']:.2f} commands/chunk ({calls})")
+    return "; ".join(parts)
 
 
 def ratios(results: dict[str, dict[str, Any]], direct: dict[str, Any]) -> list[str]:

@@ -14,10 +14,12 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.loadkit import procs
+from bench.loadkit import cluster, procs, rss
+from bench.loadkit.cluster import Served
 from bench.loadkit.report import table
 
 LOAD = str(procs.ROOT / "bench" / "load.py")
+CLUSTER = "nginx/"  # the path of N instances behind nginx is named nginx/N
 FIRST_CHUNK_TURNS = 200  # turns per concurrency level in the first-chunk mode, shared by the sessions
 
 
@@ -59,10 +61,12 @@ def lifted_limits() -> tuple[str, list[str]]:
     return "".join(f"{name} = 100000\n" for name in names), [f"provider pool: {', '.join(names)} = 100000"]
 
 
-def meterchat_config(folder: Path, fake: str) -> tuple[Path, list[str]]:
+def meterchat_config(folder: Path, fake: str, live: str = "", data: str = "data") -> tuple[Path, list[str]]:
+    """The settings file; with ``live`` (a Redis URL) the instances share their live side there."""
     limits, notes = lifted_limits()
-    path = folder / "load.toml"
-    path.write_text(f'[server]\ndata_dir = "{(folder / "data").as_posix()}"\n'
+    path = folder / f"load-{data}.toml"
+    live_section = f'[live]\nurl = "{live}"\n' if live else ""
+    path.write_text(f'[server]\ndata_dir = "{(folder / data).as_posix()}"\n{live_section}'
                     f'[providers.p]\nkind = "openai"\nbase_url = "{fake}/v1"\nmodel = "m"\n'
                     f'context_window = 1000000\ndiscover_window = false\ntools = false\n'
                     f'timeout_seconds = 300\n{limits}')
@@ -75,7 +79,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace, folder: Path, stack: ExitStack) -> None:
         self.args = args
         self.server_cores, self.load_cores = ("0", "1") if args.pin else (None, None)
-        self.log = folder / "children.log"
+        self.folder, self.log = folder, folder / "children.log"
         port = procs.free_port()
         self.fake = f"http://127.0.0.1:{port}"
         # Two hours outlasts any run; the fake also dies with the bench (procs.spawn).
@@ -84,24 +88,37 @@ class Bench:
         stack.callback(procs.stop, fake)
         self.config, self.notes = meterchat_config(folder, self.fake)
 
-    def serve(self, path: str, stack: ExitStack) -> tuple[str, int] | None:
-        """Start the server of ``path`` (None for direct); returns its address and pid."""
+    def serve(self, path: str, stack: ExitStack) -> Served:
+        """Start the server of ``path`` (nothing for direct)."""
         if path == "direct":
-            return None
+            return Served(self.fake.removeprefix("http://"))
+        if path.startswith(CLUSTER):
+            return cluster.start_cluster(int(path.removeprefix(CLUSTER)), self.folder, self.live_config,
+                                         stack, self.server_cores, self.log)
         port = procs.free_port()
+        served = Served(f"127.0.0.1:{port}")
         if path == "relay":
             args = role_args("relay", {"port": port, "base_url": self.fake + "/v1",
                                        "options": uvicorn_options(self.args)})
         else:
-            args = self.meterchat_args(port)
+            args = self.meterchat_args(port, served, stack)
         process = procs.start(args, port, self.server_cores, self.log)
         stack.callback(procs.stop, process)
-        return f"127.0.0.1:{port}", process.pid
+        served.pids = (process.pid,)
+        return served
 
-    def meterchat_args(self, port: int) -> list[str]:
-        argv = ["--config", str(self.config), "--port", str(port), "--log-level", "warning"]
-        if self.args.workers:
-            argv += self.workers_flag()
+    def live_config(self, redis_url: str, data_dir: Path) -> Path:
+        return meterchat_config(self.folder, self.fake, redis_url, data_dir.name)[0]
+
+    def meterchat_args(self, port: int, served: Served, stack: ExitStack) -> list[str]:
+        workers = self.workers_flag() if self.args.workers else []
+        config = self.config
+        if workers and self.args.workers > 1:  # workers share the live side as instances do: Redis
+            served.redis_port, served.side["redis"] = cluster.start_redis(self.folder, stack,
+                                                                          self.server_cores, self.log)
+            config = self.live_config(f"redis://127.0.0.1:{served.redis_port}/0",
+                                      self.folder / f"data-{served.redis_port}")
+        argv = ["--config", str(config), "--port", str(port), "--log-level", "warning", *workers]
         if options := uvicorn_options(self.args):
             return role_args("meterchat", {"overrides": options, "argv": argv})
         return ["-m", "server", *argv]
@@ -114,7 +131,7 @@ class Bench:
         self.notes.append("--workers ignored: meterchat's CLI has no --workers in this build")
         return []
 
-    def clients(self, plan: dict[str, Any], pid: int | None) -> dict[str, Any]:
+    def clients(self, plan: dict[str, Any], pid: tuple[int, ...] | None) -> dict[str, Any]:
         """Run one client process against a path, sampling the server while it runs."""
         cpu0 = procs.cpu_seconds(pid) if pid else 0.0
         rss0 = peak = procs.rss_bytes(pid) if pid else 0
@@ -127,7 +144,7 @@ class Bench:
             while child.poll() is None and time.monotonic() - started < plan["timeout"] + 30:
                 samples.append(procs.rss_bytes(pid) if pid else 0)
                 peak = max(peak, samples[-1])
-                time.sleep(0.25)
+                time.sleep(rss.SAMPLE)
         finally:
             procs.stop(child)
         wall = time.monotonic() - started
@@ -139,7 +156,8 @@ class Bench:
         if cpu is not None:
             result.update(cpu_per_1k=1000 * cpu / max(1, result["received"]), core_pct=100 * cpu / wall,
                           rss_per_session=(peak - rss0) / plan["sessions"] / 1024,
-                          rss_mib=[round(rss0 / 2**20), round(peak / 2**20), round(samples[-1] / 2**20)])
+                          rss_mib=[round(rss0 / 2**20), round(peak / 2**20), round(samples[-1] / 2**20)],
+                          rss_series=rss.series(samples), rss_base=rss0)
         return result
 
     def measure(self, paths: list[str], plan: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -152,13 +170,21 @@ class Bench:
 
     def measure_path(self, path: str, plan: dict[str, Any], stack: ExitStack) -> dict[str, Any]:
         served = self.serve(path, stack)
-        host, pid = served if served else (self.fake.removeprefix("http://"), None)
         kind = "direct" if path == "direct" else "ws"
-        warm = {**plan, "kind": kind, "host": host, "sessions": 1, "turns": 1, "tokens": 5, "rate": 0,
-                "ramp": 0.0, "timeout": 30.0}
-        self.clients(warm, pid)  # imports, first connections and lazy set-up are not measured
+        warm = {**plan, "kind": kind, "host": served.host, "sessions": max(1, len(served.pids)),
+                "turns": 1, "tokens": 5, "rate": 0, "ramp": 0.0, "timeout": 30.0}
+        pids = served.pids or None
+        self.clients(warm, pids)  # imports, first connections and lazy set-up are not measured
         abuse = bool(plan.get("abuse")) and path == "meterchat"  # the relay speaks too little protocol
-        return self.clients({**plan, "kind": kind, "host": host, "abuse": abuse}, pid)
+        cpu0 = cluster.side_cpu(served)
+        counters0 = cluster.redis_counters(served.redis_port) if served.redis_port else None
+        result = self.clients({**plan, "kind": kind, "host": served.host, "abuse": abuse}, pids)
+        if served.side:
+            result.update(cluster.side_figures(served, cpu0, counters0, result["received"]))
+        if path == "meterchat" and "rss_base" in result:  # the warm-up's session stays in memory too
+            sockets = plan["sessions"] + 3 * abuse
+            result["rss_bound"] = rss.bound(result["rss_base"], sockets + 1, sockets)
+        return result
 
 
 def paced_plan(args: argparse.Namespace, sessions: int) -> dict[str, Any]:
@@ -190,6 +216,7 @@ def measure_all(args: argparse.Namespace) -> None:
     if args.pin:
         os.sched_setaffinity(0, {1})
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    paths += [f"{CLUSTER}{count}" for count in numbers(args.instances)]
     with tempfile.TemporaryDirectory(prefix="meterchat-load-") as tmp, ExitStack() as stack:
         bench = Bench(args, Path(tmp), stack)
         print(header(args, bench.notes), flush=True)
@@ -209,6 +236,18 @@ def measure_all(args: argparse.Namespace) -> None:
             print(Path(tmp, "children.log").read_text()[-4000:])
 
 
+def cluster_notes(args: argparse.Namespace) -> list[str]:
+    if not numbers(args.instances):
+        return []
+    notes = [f"{CLUSTER}N = N meterchat processes behind nginx (deploy/nginx.conf), sharing a private "
+             "redis-server ([live] url) and one SQLite file; the server's CPU and RSS are the N "
+             "processes' sum, nginx's and Redis's CPU are printed apart"]
+    if args.pin:
+        notes.append("pinned: every instance, nginx and Redis share core 0 (the cost of the extra hops, "
+                     "not the scaling)")
+    return notes
+
+
 def loadavg() -> str:
     """The machine's one-minute load average: how much else competed for the cores meanwhile."""
     return Path("/proc/loadavg").read_text().split()[0]
@@ -220,5 +259,8 @@ def header(args: argparse.Namespace, notes: list[str]) -> str:
              f"uvicorn options: {uvicorn_options(args) or 'as server/cli.py sets them'}",
              "columns: delays in ms; + = added over direct; cpu s/1k = server CPU seconds per 1,000 "
              "chunks; core % = server CPU share of one core; rss/sess = server RSS growth per session",
+             "ok = sessions held (their reply finished); redis rt/chunk = Redis round trips (requests "
+             "read) per chunk delivered",
+             *cluster_notes(args),
              *notes]
     return "\n".join(lines)

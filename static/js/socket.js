@@ -37,7 +37,8 @@ export class Connection {
   connect() {
     clearTimeout(this.timer);
     this.onStatus("connecting");
-    const ws = new WebSocket(this.url, socketProtocols());
+    // ?session= lets a proxy keep a session's sockets on one instance (deploy/nginx.conf hashes it).
+    const ws = new WebSocket(this.sessionId ? `${this.url}?session=${encodeURIComponent(this.sessionId)}` : this.url, socketProtocols());
     this.ws = ws;
     this.greeted = false;
     ws.addEventListener("open", () => {

@@ -1,0 +1,125 @@
+"""The WebSocket protocol ``meterchat`` serves with: uvicorn's sans-I/O websockets protocol with a
+lingering close after a frame it refuses, a bound on the messages still arriving over all sockets,
+and one on what waits to be sent to each.
+
+A frame over ``ws_max_size`` (or one that breaks the protocol) makes websockets fail the connection
+with a close frame (1009 "over size limit", 1002, 1007). uvicorn then writes that frame and closes
+the socket at once, while the rest of the refused frame (megabytes) is still unread in the kernel:
+closing a socket with unread data sends a TCP reset, and a reset makes the client's kernel drop
+what it had not yet read, the close frame included. The client saw a dropped connection where the
+protocol promises an answer.
+
+``LingeringWebSocketProtocol`` closes the way HTTP servers do (a "lingering close"): it writes the
+close frame, half-closes its side (FIN, so the client reads the frame and then the end), stops
+feeding the parser and drops whatever still arrives, and closes when the peer closes or after
+``linger_seconds``, whichever comes first. A peer that keeps sending costs a read and a discard
+per chunk, never memory, and no longer than the linger.
+
+It also bounds the bytes of messages still arriving, over all sockets of the process: websockets
+buffers a message until its last byte (up to ``ws_max_size``, 16 MiB), and a client that sends all
+but the last byte of a message, on each of ``max_connections`` sockets, answering pings, held
+16 MiB x 2,000 = 32 GiB for an hour (``idle_timeout_seconds``). Past ``max_inflight_bytes`` the
+socket holding the most is failed with 1013 "try again later" (a lingering close as above).
+
+And it bounds what waits to be sent to a client that does not read: the app writes only while the
+socket takes it, but websockets answers every ping with a pong whatever the socket's state, so a
+client sending pings and reading nothing grew the server's send buffer by what it sent (60 MB
+per socket before the buffer stopped growing). Past ``max_unsent_bytes`` the socket is aborted:
+a client that reads nothing would not read a close frame either.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from uvicorn._types import ASGISendEvent
+from uvicorn.protocols.utils import ClientDisconnected
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.protocol import State
+
+LINGER_SECONDS = 3.0  # long enough for a 20 MiB frame over a slow LAN link, short for a held socket
+# Four full-size messages (images) arriving at once; the frames of chat are a few hundred bytes.
+MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
+# Above the app's own overshoot (it writes one frame past the transport's high-water mark: at most a
+# history page, 1 MiB of text, a few MiB once JSON escapes it) and well below what a pong flood
+# piled up.
+MAX_UNSENT_BYTES = 16 * 1024 * 1024
+
+
+class LingeringWebSocketProtocol(WebSocketsSansIOProtocol):
+    linger_seconds = LINGER_SECONDS
+    lingering = False  # a close frame was sent on a failed connection; input is dropped
+    max_inflight_bytes = MAX_INFLIGHT_BYTES
+    max_unsent_bytes = MAX_UNSENT_BYTES
+    arriving = 0  # bytes read since this socket's last complete message (what websockets buffers)
+    holders: ClassVar[set[LingeringWebSocketProtocol]] = set()  # sockets with a message arriving
+
+    def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            return  # the rest of a refused frame, or anything after it: read so it cannot reset
+        self._arrive(len(data))
+        super().data_received(data)
+        if self.transport.get_write_buffer_size() > self.max_unsent_bytes:
+            self.transport.abort()  # answers to its pings that it never reads
+            return
+        if not self.lingering and self.inflight() > self.max_inflight_bytes:
+            largest = max(self.holders, key=lambda holder: holder.arriving)
+            largest.refuse(1013, "too many large messages arriving at once; try again later")
+
+    def send_receive_event_to_app(self) -> None:
+        self._arrive(-self.arriving)  # the message is complete: the app holds it now, not the parser
+        super().send_receive_event_to_app()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._arrive(-self.arriving)
+        super().connection_lost(exc)
+
+    def _arrive(self, count: int) -> None:
+        self.arriving += count
+        if self.arriving:
+            self.holders.add(self)
+        else:
+            self.holders.discard(self)
+
+    def inflight(self) -> int:
+        return sum(holder.arriving for holder in self.holders)
+
+    def refuse(self, code: int, reason: str) -> None:
+        """Fail the connection with ``code`` and close it the lingering way."""
+        if self.conn.state is not State.OPEN:  # still in its handshake: nothing to close politely
+            self._arrive(-self.arriving)
+            self.transport.close()
+            return
+        self.conn.fail(code, reason)
+        self.handle_parser_exception()
+
+    def handle_parser_exception(self) -> None:
+        self._arrive(-self.arriving)  # what still arrives is dropped, not buffered
+        self.frames = []  # fragments of a message that will never end (fail() emptied the parser's)
+        close = self.conn.close_sent
+        assert close is not None  # websockets' fail() sent one before this is called
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": close.code, "reason": close.reason})
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        self.lingering = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()  # the client reads the close frame, then the end of stream
+        if self.read_paused:  # paused while the app held a message: the discard must go on reading
+            self.read_paused = False
+            self.transport.resume_reading()
+        # run_asgi leaves the transport open while a close timer is pending; connection_lost (the
+        # peer closed: eof_received returns None, so asyncio closes) cancels it.
+        self.close_timer = self.loop.call_later(self.linger_seconds, self.linger_over)
+
+    def linger_over(self) -> None:
+        # A peer that read nothing in the linger would hold the close frame's bytes (and this
+        # socket) for as long as it keeps its window shut: drop them.
+        if self.transport.get_write_buffer_size():
+            self.transport.abort()
+        else:
+            self.transport.close()
+
+    async def send(self, message: ASGISendEvent) -> None:
+        if self.lingering:
+            raise ClientDisconnected()  # the connection failed; the app sees it as gone, as before
+        await super().send(message)

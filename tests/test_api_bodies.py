@@ -1,0 +1,60 @@
+"""Request bodies are bounded in time and, over every connection at once, in bytes (server/api.py):
+a client that sends all but the last byte of an import held it for ever, on every connection."""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+
+import pytest
+
+from server import api
+from server.app import create_app
+from tests.support import run_server, settings_for
+
+
+def stalled_import(address: str, declared: int, sent: int) -> socket.socket:
+    """A socket whose import request declares ``declared`` body bytes and sends ``sent``."""
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=20)
+    sock.sendall(f"POST /api/sessions/import HTTP/1.1\r\nHost: {address}\r\n"
+                 f"Content-Type: application/json\r\nContent-Length: {declared}\r\n\r\n".encode())
+    sock.sendall(b" " * sent)
+    return sock
+
+
+def status(sock: socket.socket) -> bytes:
+    head = b""
+    while b"\r\n\r\n" not in head and (chunk := sock.recv(65536)):
+        head += chunk
+    return head.split(b"\r\n", 1)[0] + b" " + (b"busy" if b'"busy"' in head else b"")
+
+
+def test_api_bodies_read_at_once_are_bounded_the_one_past_the_bound_answered_503(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(api.READING, "limit", 1 << 20)
+    size = 700 << 10  # two of them pass the 1 MiB bound
+    with run_server(create_app(settings_for(tmp_path))) as running, \
+            stalled_import(running.address, size, size - 1) as first, \
+            stalled_import(running.address, size, size - 1) as second:
+        ready, _, _ = select.select([first, second], [], [], 15)  # the refused one is answered now
+        assert len(ready) == 1
+        refused = ready[0]
+        waiting = second if refused is first else first
+        assert status(refused) == b"HTTP/1.1 503 Service Unavailable busy"
+        waiting.sendall(b" ")  # the other body completes and is judged (spaces are not JSON)
+        assert status(waiting).startswith(b"HTTP/1.1 400")
+    assert api.READING.used == 0
+
+
+def test_api_a_body_that_does_not_arrive_in_time_is_answered_408(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(api, "BODY_SECONDS", 0.5)
+    with run_server(create_app(settings_for(tmp_path))) as running, \
+            stalled_import(running.address, 1000, 10) as sock:
+        started = time.monotonic()
+        answer = status(sock)
+        waited = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert 0.3 < waited < 5
