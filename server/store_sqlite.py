@@ -63,6 +63,9 @@ _INSERT = (f"INSERT INTO messages (session_id, id, position, {', '.join(_FIELDS)
            f"VALUES ({', '.join('?' * (len(_FIELDS) + 3))})")
 _UPSERT = (_INSERT + " ON CONFLICT (session_id, id) DO UPDATE SET "
            + ", ".join(f"{name} = excluded.{name}" for name in _FIELDS))
+_CONTENT, _INTERRUPTED = (1 + _FIELDS.index(name) for name in ("content", "interrupted"))  # in a Row
+_REINDEX = ("UPDATE message_text SET content = ? "
+            "WHERE rowid = (SELECT rowid FROM messages WHERE session_id = ? AND id = ?)")
 _SELECT = f"SELECT id, {', '.join(_FIELDS)} FROM messages WHERE session_id = ? ORDER BY position"
 _SUMMARY = ("SELECT s.id, s.title, s.route, s.created_at, s.updated_at, "
             "(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id) FROM sessions s")
@@ -236,7 +239,15 @@ class SqliteStore:
 
     async def save_messages(self, session_id: str, messages: Sequence[ChatMessage]) -> None:
         rows = [_row(message) for message in messages]
-        await self._call(self._write, self._put_rows, session_id, rows, _UPSERT)
+        await self._call(self._write, self._put_final, session_id, rows)
+
+    def _put_final(self, session_id: str, rows: list[Row]) -> None:
+        self._put_rows(session_id, rows, _UPSERT)
+        # The index trigger skips interrupted rows (the checkpoints of a streaming reply, written by
+        # save_batch); a message saved interrupted for good is indexed here (migration 6).
+        for row in rows:
+            if row[_INTERRUPTED]:
+                self._conn.execute(_REINDEX, (row[_CONTENT], session_id, row[0]))
 
     async def save_batch(self, batch: Mapping[str, Sequence[ChatMessage]]) -> None:
         work = [(session_id, [_row(message) for message in messages])

@@ -1,5 +1,10 @@
 from __future__ import annotations
 
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
 from server.channel import FrameChannel, FrameLog, Outbox, Packet, entry_bytes, serialize
 from server.events import EventBus
 
@@ -113,3 +118,18 @@ def test_frame_log_counts_what_its_texts_hold_and_forgets_across_a_gap():
     assert log.bytes == sum(entry_bytes(serialize(chunk(seq))) for seq in (1, 2, 3))
     log_chunk(log, 7)  # a gap: 4..6 were never logged, so nothing before 7 can be replayed
     assert len(log) == 1 and log.after(2) is None and [p.seq for p in log.after(6)] == [7]
+
+
+@given(st.text(), st.text(), st.integers(min_value=0, max_value=2**70))
+def test_a_chunk_frame_is_serialized_as_json_dumps_would(turn_id, content, seq):
+    # The chunk's own template (the hot path) must give the very text json.dumps gives: lone
+    # surrogates, control characters, quotes, U+2028 and big seqs included.
+    frame = {"type": "chunk", "turn_id": turn_id, "content": content, "seq": seq}
+    assert serialize(frame) == json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
+
+
+def test_an_unusual_chunk_frame_falls_back_to_json_dumps():
+    extra = {"type": "chunk", "turn_id": "t", "content": "a", "seq": 1, "more": [1]}
+    odd = {"type": "chunk", "turn_id": None, "content": "a", "seq": True}
+    for frame in (extra, odd):
+        assert json.loads(serialize(frame)) == frame

@@ -92,3 +92,23 @@ async def test_settle_forgets_a_flush_not_yet_written(tmp_path):
         await flusher.settle("s")  # before the flusher's task ran: nothing of it is written
     assert await contents(store, "s") == [] and flusher.batches == 0
     await store.close()
+
+
+async def test_checkpoints_leave_the_search_index_and_the_final_save_indexes(tmp_path):
+    # Re-indexing the whole reply at every checkpoint was the largest cost of a paced stream
+    # (migration 6); the final save, complete or interrupted, makes the whole text searchable.
+    store = SqliteStore.open(tmp_path)
+    for sid in ("done", "stopped"):
+        await store.create_session(sid, title=sid, route="demo")
+        await store.save_batch({sid: [reply("first words")]})
+        await store.save_batch({sid: [reply("first words, then lighthouse")]})
+    assert await store.list_sessions("lighthouse") == []  # the checkpoint did not re-index
+    assert await contents(store, "done") == ["first words, then lighthouse"]
+    complete = reply("first words, then lighthouse keeper")
+    complete.interrupted = False
+    await store.save_messages("done", [complete])
+    await store.save_messages("stopped", [reply("first words, then lighthouse beam")])
+    assert [s.id for s in await store.list_sessions("keeper")] == ["done"]
+    assert [s.id for s in await store.list_sessions("beam")] == ["stopped"]
+    assert await store.list_sessions("then") != []
+    await store.close()

@@ -105,7 +105,8 @@ def test_migrations_record_each_version_once(database: Database) -> None:
     recorded = database.rows("SELECT version, name FROM schema_migrations ORDER BY version")
     assert [row[:2] for row in recorded] == \
         [(1, "sessions, messages and calls"), (2, "message times, versions and thinking; trims"),
-         (3, "windows learned from overflow errors"), (4, "session search"), (5, "transcript notices")]
+         (3, "windows learned from overflow errors"), (4, "session search"), (5, "transcript notices"),
+         (6, "search index skips streaming checkpoints")]
 
 
 def test_migrations_the_real_ones_apply_in_order(database: Database) -> None:

@@ -36,6 +36,7 @@ from server.providers.translate import (
     translate_error,
     transport_error,
 )
+from server.providers.transport import build_transport
 
 log = logging.getLogger("server.providers")
 
@@ -53,7 +54,7 @@ def build_client(profile: ProviderProfile) -> httpx.AsyncClient:
     limits = httpx.Limits(max_connections=profile.max_connections,
                           max_keepalive_connections=profile.max_connections,
                           keepalive_expiry=profile.keepalive_expiry_seconds)
-    return httpx.AsyncClient(timeout=timeout, limits=limits)
+    return httpx.AsyncClient(timeout=timeout, limits=limits, transport=build_transport(limits))
 
 
 def secrets_of(profile: ProviderProfile) -> tuple[str, ...]:

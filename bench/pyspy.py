@@ -1,0 +1,181 @@
+"""Profile the servers of a load run with py-spy: where each server's CPU goes, by layer.
+
+    .venv/bin/pip install py-spy                    # a tool, not a dependency of the project
+    .venv/bin/python bench/pyspy.py               # 100 paced sessions, relay then meterchat
+    .venv/bin/python bench/pyspy.py --sessions 100 --seconds 20 --record 10 --pin
+
+Runs ``bench/load.py`` (direct path skipped, no first-chunk mode) and attaches ``py-spy record`` to
+each server as it starts, once the bench's warm-up and the ramp are over, for ``--record`` seconds.
+Prints the load bench's table, then for each server its samples by layer: each sample goes to the
+layer of the innermost Python frame (so ``json`` is json wherever it is called from), and a second
+table counts the samples under a few meterchat entry points (inclusive). Idle time (the loop
+waiting in epoll) is not sampled by py-spy; native code shows as the Python frame that called it
+(uvloop's own loop as ``asyncio runner``). py-spy needs root or ptrace permission. The raw stacks are
+kept in ``--out`` (collapsed format, for flame graph tools).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (layer, substrings of a frame "function (file:line)"), first match wins; order matters.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("json", ("(json/",)),
+    ("SSE decoding (decoders.py)", ("providers/decoders.py",)),
+    ("provider dialect + text guard", ("providers/openai.py", "providers/text.py", "providers/base.py")),
+    ("provider read loop (_http.py)", ("providers/_http.py",)),
+    ("provider network backend (transport.py)", ("providers/transport.py",)),
+    ("channel: emit, frame log, outbox", ("server/channel.py", "server/events.py")),
+    ("reply writer + flusher", ("server/reply.py", "server/flusher.py", "server/store")),
+    ("turn + session", ("server/turn.py", "server/session.py", "server/hub.py")),
+    ("connection: writer, coalescing", ("server/connection.py",)),
+    ("bench relay code", ("loadkit/relay.py",)),
+    ("httpx", ("(httpx/",)),
+    ("httpcore", ("(httpcore/",)),
+    ("h11 (response parsing)", ("(h11/",)),
+    ("anyio", ("(anyio/",)),
+    ("websocket send/receive (uvicorn + websockets)", ("protocols/websockets", "(websockets/")),
+    ("starlette", ("(starlette/",)),
+    ("uvicorn (other)", ("(uvicorn/",)),
+    ("asyncio (streams, tasks, events)", ("(asyncio/",)),
+    ("sqlite / store", ("sqlite",)),
+    ("contextlib (httpx's and httpcore's exception maps)", ("(contextlib.py",)),
+    ("worker threads waiting", ("(threading.py",)),
+]
+ENTRY_POINTS = {
+    "provider read (HttpProvider._run)": "_run (server/providers/_http.py",
+    "  of which httpx/httpcore read": "aiter_raw (",
+    "turn: on_event (emit + reply)": "on_event (server/turn.py",
+    "  of which channel.emit": "emit (server/channel.py",
+    "connection: send_loop": "send_loop (server/connection.py",
+    "flusher": "server/flusher.py",
+}
+
+
+LOOP, RUN = "run (asyncio/runners.py:118)", "HttpProvider._run (server/providers/_http.py:152)"
+SAMPLE = [  # (stack, samples), outermost frame first, as py-spy's raw format has them
+    ([LOOP, RUN, "SSEDecoder.feed (server/providers/decoders.py:113)"], 3),
+    ([LOOP, RUN, "Response.aiter_raw (httpx/_models.py:990)", "read (h11/_readers.py:100)"], 5),
+    ([LOOP, "Connection.send_loop (server/connection.py:240)", "send (websockets/protocol.py:300)"], 2),
+    ([LOOP], 4),
+]
+
+
+def layer_of(stack: list[str]) -> str:
+    leaf = stack[-1]
+    if "asyncio/runners.py" in leaf or "uvloop" in leaf:  # uvloop's C loop runs under Runner.run
+        return "event loop (uvloop: epoll, callbacks, transports)"
+    for name, needles in LAYERS:
+        if any(needle in leaf for needle in needles):
+            return name
+    return "other: " + leaf
+
+
+def read_raw(path: Path) -> list[tuple[list[str], int]]:
+    stacks = []
+    for line in path.read_text().splitlines():
+        frames, _, count = line.rpartition(" ")
+        if frames and count.isdigit():
+            stacks.append((frames.split(";"), int(count)))
+    return stacks
+
+
+def summary(name: str, path: Path) -> str:
+    stacks = read_raw(path)
+    total = sum(count for _, count in stacks) or 1
+    layers: collections.Counter[str] = collections.Counter()
+    for stack, count in stacks:
+        layers[layer_of(stack)] += count
+    lines = [f"\n{name}: {total} samples (CPU only), by the layer of the innermost frame"]
+    lines += [f"  {share * 100 / total:5.1f} %  {layer}" for layer, share in layers.most_common()]
+    lines.append("  inclusive:")
+    for label, needle in ENTRY_POINTS.items():
+        hits = sum(count for stack, count in stacks if any(needle in frame for frame in stack))
+        lines.append(f"  {hits * 100 / total:5.1f} %  {label}")
+    return "\n".join(lines)
+
+
+def servers_of(bench: int) -> list[tuple[int, str]]:
+    """(pid, path) of the bench's server processes now running: the relay role or meterchat."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        text = [a.decode(errors="replace") for a in argv]
+        if parent != bench or not text or "python" not in text[0]:
+            continue
+        if "--role" in text and text[text.index("--role") + 1] in ("relay", "meterchat"):
+            found.append((int(proc.name), text[text.index("--role") + 1]))
+        elif "-m" in text and "server" in text:
+            found.append((int(proc.name), "meterchat"))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="bench/pyspy.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", default="100")
+    parser.add_argument("--seconds", type=float, default=20, help="length of each paced reply")
+    parser.add_argument("--paths", default="relay,meterchat")
+    parser.add_argument("--record", type=float, default=10, help="seconds of py-spy record per server")
+    parser.add_argument("--after", type=float, default=5, help="seconds after a server starts to begin")
+    parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    parser.add_argument("--pin", action="store_true")
+    parser.add_argument("--out", type=Path, help="where the raw stacks go (default: a temporary dir)")
+    parser.add_argument("--summarize", nargs="+", type=Path, help="only summarize these raw files")
+    parser.add_argument("--quick", action="store_true", help="summarize a built-in sample (no servers, "
+                        "no py-spy): does the summary still work")
+    args, extra = parser.parse_known_args()
+    if args.quick:
+        sample = Path(tempfile.mkdtemp(prefix="meterchat-profile-")) / "sample.txt"
+        sample.write_text("".join(f"{';'.join(stack)} {count}\n" for stack, count in SAMPLE))
+        print(summary("built-in sample", sample))
+        return
+    if args.summarize:
+        for raw in args.summarize:
+            print(summary(raw.stem, raw))
+        return
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    out = args.out or Path(tempfile.mkdtemp(prefix="meterchat-profile-"))
+    out.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, str(ROOT / "bench" / "load.py"), "--sessions", args.sessions, "--seconds",
+            str(args.seconds), "--paths", args.paths, "--first-chunk", "", *extra]
+    if args.pin:
+        argv.append("--pin")
+    bench = subprocess.Popen(argv, cwd=ROOT)
+    seen: dict[int, str] = {}
+    recorders: list[tuple[str, Path, subprocess.Popen[bytes]]] = []
+    while bench.poll() is None:
+        for pid, path in servers_of(bench.pid):
+            if pid in seen:
+                continue
+            seen[pid] = path
+            time.sleep(args.after)
+            raw = out / f"{path}-{pid}.txt"
+            recorders.append((path, raw, subprocess.Popen(
+                [spy, "record", "--pid", str(pid), "--duration", str(int(args.record)), "--rate",
+                 str(args.rate), "--format", "raw", "--nonblocking", "--output", str(raw)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+        time.sleep(0.2)
+    for path, raw, recorder in recorders:
+        recorder.wait()
+        if raw.exists():
+            print(summary(path, raw))
+    print(f"\nraw stacks: {out}")
+
+
+if __name__ == "__main__":
+    main()
