@@ -323,8 +323,11 @@ def test_a_line_on_an_older_page_comes_back_with_its_page(
         live = [{**row, "time": None} if row["state"] == "error" else row for row in read_page(page)]
         reload(page)
         line_shown(page, '[data-testid="error"]', 0)  # its message is on an older page
-        while page.get_by_test_id("load-older").count():
-            page.get_by_test_id("load-older").click()
+        older, rows = page.get_by_test_id("load-older"), page.locator("[data-message-id]")
+        while older.count():  # one page per click: the next click waits for this page to land
+            shown = rows.count()
+            older.click()
+            expect(rows).not_to_have_count(shown)
         line_shown(page, '[data-testid="error"]', 1)
         after = [{**row, "time": None} if row["state"] == "error" else row for row in read_page(page)]
     assert after == live
