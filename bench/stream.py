@@ -121,7 +121,9 @@ async def measure(running: Running, session: Session, sessions: int, turns: int
 
 def config(folder: Path, fake: str, coalesce_ms: int) -> Path:
     path = folder / "bench.toml"
+    # The frame rate limit is lifted: each client sends its next message as soon as a turn is done.
     path.write_text(f'[server]\ndata_dir = "{(folder / "data").as_posix()}"\ncoalesce_ms = {coalesce_ms}\n'
+                    'frame_rate = 100000\nframe_burst = 100000\n'
                     f'[runtime]\nmax_history_messages = 20\n'
                     f'[providers.p]\nkind = "openai"\nbase_url = "{fake}/v1"\nmodel = "m"\n'
                     f'context_window = 1000000\ntools = false\n')
