@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
+import anyio
 import uvicorn
 
 from server.access import exposure_problem
@@ -56,7 +57,10 @@ def main(argv: list[str] | None = None) -> None:
         return serve_worker(args, settings, host, port)
     refuse_exposure(host, settings.server.auth_token, args.insecure_no_auth)
     if args.workers > 1:
-        raise SystemExit(supervise(args, settings, host, port))
+        def prepare() -> None:
+            checked(lambda: prepare_store(settings))
+
+        raise SystemExit(supervise(args, settings, host, port, prepare=prepare))
     settings, app = build_app(settings, host, port)
     print(f"meterchat: serving on http://{host}:{port}/ ({settings.source}; default route "
           f"{settings.default_route})", file=sys.stderr, flush=True)
@@ -70,6 +74,16 @@ def checked(step: Callable[[], T]) -> T:
     except ConfigError as exc:
         print(f"meterchat: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
+
+
+def prepare_store(settings: Settings) -> None:
+    """Workers start together: the store is created, migrated and checked once, here, so they do
+    not race for a new SQLite file's first write lock ("database is locked" stopped one of two)."""
+    from server.stores import open_store
+
+    store = open_store(settings.server.data_dir, settings.store.url, settings.store.pool_size,
+                       settings.store.timeout_seconds)
+    anyio.run(store.close)
 
 
 def build_app(settings: Settings, host: str, port: int) -> tuple[Settings, Any]:

@@ -179,12 +179,15 @@ def worker_argv(args: argparse.Namespace, host: str, port: int, fd: int) -> Call
     return command
 
 
-def supervise(args: argparse.Namespace, settings: Settings, host: str, port: int) -> int:
-    """Bind, start ``args.workers`` workers and keep them running; the parent's exit code."""
+def supervise(args: argparse.Namespace, settings: Settings, host: str, port: int,
+              prepare: Callable[[], None] = lambda: None) -> int:
+    """Bind, start ``args.workers`` workers and keep them running; the parent's exit code.
+    ``prepare`` runs once before any worker starts (the store's creation and migrations)."""
     problem = workers_problem(settings, args.workers)
     if problem is not None:
         print(f"meterchat: {problem}", file=sys.stderr)
         return 2
+    prepare()
     with listen(host, port) as sock:
         bound = int(sock.getsockname()[1])
         print(f"meterchat: serving on http://{host}:{bound}/ with {args.workers} workers "

@@ -51,8 +51,13 @@ class Workers:
             [sys.executable, "-m", "server", "--config", str(config), "--port", str(self.port),
              "--workers", str(count), "--log-level", "info"],
             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-        threading.Thread(target=self._read, daemon=True).start()
-        self.wait_for(lambda: len(self.pids) == count, "every worker ready")
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        try:
+            self.wait_for(lambda: len(self.pids) == count, "every worker ready")
+        except BaseException:  # no process or pipe left behind for a later test's warnings
+            self.close()
+            raise
 
     def _read(self) -> None:
         assert self.process.stderr is not None
@@ -75,6 +80,12 @@ class Workers:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self.stop()
+        self.reader.join(10)  # the pipe is at its end once the process is gone
+        assert self.process.stderr is not None
+        self.process.stderr.close()
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -104,9 +115,7 @@ def workers(tmp_path: Path, redis: RedisServer, server: str = "") -> Iterator[Wo
     try:
         yield running
     finally:
-        running.stop()
-        assert running.process.stderr is not None
-        running.process.stderr.close()
+        running.close()
 
 
 @asynccontextmanager
