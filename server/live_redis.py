@@ -56,17 +56,24 @@ STREAM_TTL_MS = 24 * 3600 * 1000  # an idle session's stream and counter leave R
 RETRY_SECONDS = 0.5
 POOL_SIZE, POOL_WAIT_SECONDS = 100, 5.0  # connections per instance; a call's wait for a free one
 
+# The expiry is renewed on a session's first frame and every EXPIRY_EVERY frames after it, not on
+# each: two PEXPIREs per frame were a third of the commands Redis ran (bench/load.py --instances),
+# and a day's TTL does not care about the last few frames.
+EXPIRY_EVERY = 64
 _APPEND = """
 local seq = redis.call('INCR', KEYS[1])
-if seq == 1 then
+local fresh = seq == 1
+if fresh then
   local now = redis.call('TIME')
   seq = tonumber(now[1]) * 1000000 + tonumber(now[2])
   redis.call('SET', KEYS[1], string.format('%.0f', seq))
 end
 local id = string.format('%.0f', seq)
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], id .. '-0', 'f', ARGV[2], 'o', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
+if fresh or seq % """ + str(EXPIRY_EVERY) + """ == 0 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  redis.call('PEXPIRE', KEYS[2], ARGV[4])
+end
 redis.call('PUBLISH', KEYS[3], id .. '|' .. ARGV[3] .. '|' .. ARGV[2])
 if ARGV[5] ~= '' then redis.call('PUBLISH', ARGV[5], '{"seq": ' .. id .. ', "event": ' .. ARGV[6] .. '}') end
 return seq

@@ -58,6 +58,28 @@ async def test_live_a_client_on_b_sees_the_turn_a_streams(tmp_path, redis_server
     assert of_type(on_b, "accepted")[0]["content"] == "hello there"
 
 
+async def test_live_a_sessions_keys_expire_and_their_expiry_is_not_renewed_per_frame(tmp_path, redis_server):
+    """The stream and its counter leave Redis a day after the session goes quiet; the expiry is
+    set with the first frame and renewed every EXPIRY_EVERY frames, not once per frame."""
+    from server.lease import session_key
+    from server.live_redis import EXPIRY_EVERY, STREAM_TTL_MS
+
+    redis = Redis.from_url(redis_server.url, decode_responses=True)
+    before = (await redis.info("commandstats")).get("cmdstat_pexpire", {}).get("calls", 0)
+    with two_servers(tmp_path, redis_server) as (a_address, _):
+        async with client(a_address) as a:
+            await a.hello()
+            await a.say("hello there")
+    calls = (await redis.info("commandstats")).get("cmdstat_pexpire", {}).get("calls", 0) - before
+    keys = [session_key(a.session_id, part) for part in ("seq", "frames")]
+    ttls = [await redis.pttl(key) for key in keys]
+    appended = await redis.xlen(keys[1])
+    await redis.aclose()
+    assert all(STREAM_TTL_MS - 60_000 < ttl <= STREAM_TTL_MS for ttl in ttls), ttls
+    assert appended > 10  # per frame it would have been 2 x appended
+    assert calls <= 2 * (2 + appended // EXPIRY_EVERY)
+
+
 async def test_live_resume_by_last_seq_on_the_other_instance_mid_stream(tmp_path, redis_server):
     with two_servers(tmp_path, redis_server) as (a_address, b_address):
         async with client(a_address) as a:
