@@ -8,11 +8,8 @@ frame, a closed socket.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -21,67 +18,13 @@ from typing import Any
 import pytest
 from websockets.exceptions import ConnectionClosed
 
+from tests.processes import Server
 from tests.redis_support import RedisServer, free_port
 from tests.support import Client, client, of_type, text_of
 
 pytestmark = pytest.mark.anyio
 
-STARTED = "Uvicorn running on"  # logged once the port is bound
 ENDINGS = ("done", "aborted", "error")
-
-
-class Instance:
-    """One ``python -m server`` process; its log is read in a thread so it never blocks."""
-
-    def __init__(self, config: Path) -> None:
-        self.config = config
-        for _ in range(3):  # the free port may be taken between the probe and the bind
-            if self._start():
-                return
-        raise RuntimeError("meterchat did not start:\n" + "".join(self.log[-30:]))
-
-    def _start(self) -> bool:
-        self.port = free_port()
-        self.started = threading.Event()
-        self.exited = threading.Event()
-        self.log: list[str] = []
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "server", "--config", str(self.config), "--port", str(self.port),
-             "--log-level", "info"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-        threading.Thread(target=self._read, daemon=True).start()
-        if self.started.wait(30) and not self.exited.is_set():
-            return True
-        self.stop()
-        return False
-
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.log.append(line)
-            if STARTED in line:
-                self.started.set()
-        self.exited.set()
-        self.started.set()  # a process that died must not keep the starter waiting
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def kill(self) -> None:
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(10)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        if self.process.stderr is not None:
-            self.exited.wait(10)
-            self.process.stderr.close()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -104,12 +47,12 @@ def write_config(tmp_path: Path, redis: RedisServer, store_url: str, delay_ms: i
 
 
 @contextmanager
-def instances(tmp_path: Path, redis: RedisServer, store_url: str, count: int = 2) -> Iterator[list[Instance]]:
+def instances(tmp_path: Path, redis: RedisServer, store_url: str, count: int = 2) -> Iterator[list[Server]]:
     config = write_config(tmp_path, redis, store_url)
     with ExitStack() as stack:
         started = []
         for _ in range(count):
-            instance = Instance(config)
+            instance = Server(config)
             stack.callback(instance.stop)
             started.append(instance)
         yield started

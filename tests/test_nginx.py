@@ -12,13 +12,9 @@ nginx binary these tests fail and say what to install.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -29,68 +25,19 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from bench.loadkit import nginx
+from tests.processes import LoggedProcess, Server
 from tests.redis_support import RedisServer, free_port
 from tests.support import client, of_type
 
 pytestmark = pytest.mark.anyio
 
 PUBLIC = "chat.example.com"  # the public name of deploy/nginx.conf, in allowed_hosts below
-STARTED = "Uvicorn running on"
-
-
-class Process:
-    """A child whose output is read in a thread, so a test can wait for a line (an event)."""
-
-    def __init__(self, args: list[str], ready: str) -> None:
-        self.lines: list[str] = []
-        self.changed = threading.Condition()
-        self.exited = False
-        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        threading.Thread(target=self._read, daemon=True).start()
-        if not self.wait_for(ready, 30) or self.exited:
-            self.stop()
-            raise RuntimeError(f"{args[0]} did not start:\n" + "".join(self.lines[-30:]))
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            with self.changed:
-                self.lines.append(line)
-                self.changed.notify_all()
-        with self.changed:
-            self.exited = True
-            self.changed.notify_all()
-
-    def wait_for(self, text: str, timeout: float = 10, count: int = 1) -> bool:
-        """True once ``count`` lines containing ``text`` were printed; False if the process ended
-        first or the timeout passed."""
-        def seen() -> bool:
-            return sum(text in line for line in self.lines) >= count
-
-        with self.changed:
-            return self.changed.wait_for(lambda: self.exited or seen(), timeout) and seen()
-
-    def kill(self) -> None:
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(10)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        if self.process.stdout is not None:
-            self.wait_for("\0never printed\0")  # until the reader saw the end of the output
-            self.process.stdout.close()
 
 
 class Stack:
     """nginx on ``port`` in front of ``instances``."""
 
-    def __init__(self, port: int, instances: list[tuple[int, Process]], proxy: Process) -> None:
+    def __init__(self, port: int, instances: list[tuple[int, Server]], proxy: LoggedProcess) -> None:
         self.port, self.instances, self.proxy = port, instances, proxy
 
     @property
@@ -101,7 +48,7 @@ class Stack:
     def url(self) -> str:
         return f"http://{self.address}"
 
-    def serving(self, session_id: str | None) -> Process:
+    def serving(self, session_id: str | None) -> Server:
         """The instance that accepted the socket opened with ``?session=<session_id>``."""
         mark = f"/ws?session={session_id}"
         for timeout in (0, 5):  # logged before the first frame was sent, but read by another thread
@@ -111,18 +58,12 @@ class Stack:
         raise AssertionError(f"no instance logged {mark}")
 
 
-def start_instance(config: Path) -> tuple[int, Process]:
-    for _ in range(3):  # the free port may be taken between the probe and the bind
-        port = free_port()
-        try:
-            return port, Process([sys.executable, "-m", "server", "--config", str(config), "--port",
-                                  str(port), "--log-level", "info"], STARTED)
-        except RuntimeError:
-            continue
-    raise RuntimeError("meterchat did not start")
+def start_instance(config: Path) -> tuple[int, Server]:
+    server = Server(config)
+    return server.port, server
 
 
-def start_nginx(folder: Path, upstreams: list[str]) -> tuple[int, Process]:
+def start_nginx(folder: Path, upstreams: list[str]) -> tuple[int, LoggedProcess]:
     try:
         nginx.binary()
     except FileNotFoundError as exc:
@@ -130,8 +71,8 @@ def start_nginx(folder: Path, upstreams: list[str]) -> tuple[int, Process]:
     for _ in range(3):
         port = free_port()
         try:
-            return port, Process(nginx.command(folder, nginx.write_config(folder, upstreams, port)),
-                                 nginx.READY)
+            return port, LoggedProcess(nginx.command(folder, nginx.write_config(folder, upstreams, port)),
+                                       nginx.READY)
         except RuntimeError:
             continue
     raise RuntimeError("nginx did not start")

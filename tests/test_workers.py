@@ -16,8 +16,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from server.workers import CRASH_LIMIT, STOP_MARGIN, WORKER_HEADER, Supervisor, worker_count
+from tests.processes import LoggedProcess
 from tests.redis_support import RedisServer, free_port
 from tests.support import Client, client, of_type, text_of
 from tests.test_limits import trickle_until_closed
@@ -38,63 +38,24 @@ GRACE_S = 3.0
 TRIES = 60  # connections opened to reach one given worker (each lands on either, about evenly)
 
 
-class Workers:
-    """One ``python -m server --workers N`` process; its log is read in a thread so it never blocks,
-    and ``pids`` follows the ready lines (a replaced worker's new pid replaces the old)."""
+class Workers(LoggedProcess):
+    """One ``python -m server --workers N`` process; ``pids`` follows the ready lines (a replaced
+    worker's new pid replaces the old)."""
 
     def __init__(self, config: Path, count: int = 2) -> None:
         self.port = free_port()
-        self.log: list[str] = []
         self.pids: dict[int, int] = {}
-        self.changed = threading.Condition()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "server", "--config", str(config), "--port", str(self.port),
-             "--workers", str(count), "--log-level", "info"],
-            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        try:
-            self.wait_for(lambda: len(self.pids) == count, "every worker ready")
-        except BaseException:  # no process or pipe left behind for a later test's warnings
-            self.close()
-            raise
+        super().__init__([sys.executable, "-m", "server", "--config", str(config), "--port", str(self.port),
+                          "--workers", str(count), "--log-level", "info"],
+                         lambda: len(self.pids) == count, stop_timeout=GRACE_S + STOP_MARGIN + 5)
 
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            with self.changed:
-                self.log.append(line)
-                if match := READY.search(line):
-                    self.pids[int(match.group(1))] = int(match.group(2))
-                self.changed.notify_all()
-        with self.changed:
-            self.log.append("<exited>")
-            self.changed.notify_all()
-
-    def wait_for(self, condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
-        with self.changed:
-            if not self.changed.wait_for(lambda: condition() or "<exited>" in self.log, timeout):
-                raise AssertionError(f"no {what}:\n" + "".join(self.log[-40:]))
-        assert condition(), f"exited before {what}:\n" + "".join(self.log[-40:])
+    def heard(self, line: str) -> None:
+        if match := READY.search(line):
+            self.pids[int(match.group(1))] = int(match.group(2))
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-    def close(self) -> None:
-        self.stop()
-        self.reader.join(10)  # the pipe is at its end once the process is gone
-        assert self.process.stderr is not None
-        self.process.stderr.close()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(GRACE_S + STOP_MARGIN + 5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
 
 
 def write_config(tmp_path: Path, redis: RedisServer, live: bool = True, server: str = "") -> Path:
@@ -115,7 +76,7 @@ def workers(tmp_path: Path, redis: RedisServer, server: str = "") -> Iterator[Wo
     try:
         yield running
     finally:
-        running.close()
+        running.stop()
 
 
 @asynccontextmanager
@@ -212,8 +173,8 @@ async def test_workers_sigterm_drains_every_worker_within_the_grace(tmp_path, re
             codes = [await closed_with(c) for c in (on_1, on_2)]
         code = await anyio.to_thread.run_sync(running.process.wait, GRACE_S + STOP_MARGIN)
     assert codes == [1012, 1012] and code == 0
-    assert "SIGTERM: stopping 2 workers" in "".join(running.log)
-    assert not [line for line in running.log if "Traceback" in line or "killed" in line]
+    assert "SIGTERM: stopping 2 workers" in "".join(running.lines)
+    assert not [line for line in running.lines if "Traceback" in line or "killed" in line]
     stored = stored_replies(tmp_path / "data")
     assert len(stored) == 2 and seen[0].startswith("one") and seen[1].startswith("two")
     for text in seen:  # each worker stored its streaming reply, marked interrupted
@@ -243,12 +204,12 @@ async def test_workers_a_killed_worker_is_replaced_and_its_turn_taken_over(tmp_p
                 killed = running.pids[1]
                 os.kill(killed, signal.SIGKILL)
                 lost = (await watcher.until("error", "done", timeout=20))[-1]
-            running.wait_for(lambda: running.pids[1] != killed, "replacement for worker 1")
+            running.expect(lambda: running.pids[1] != killed, "replacement for worker 1")
             async with on_worker(running.address, 1) as again:
                 await again.hello(watcher.session_id)
                 after = await again.say("still there?", id="q2")
     assert lost["type"] == "error" and lost["code"] == "instance_lost"
-    assert f"worker 1 (pid {killed}) was killed by SIGKILL; starting it again" in "".join(running.log)
+    assert f"worker 1 (pid {killed}) was killed by SIGKILL; starting it again" in "".join(running.lines)
     assert after[-1]["type"] == "done"
 
 
