@@ -78,7 +78,10 @@ def sent(page: Page, frame_type: str) -> list[dict[str, object]]:
     return frames
 
 
-def write_config(folder: Path, *, delay_ms: int = 5, extra: str = "") -> Path:
+def write_config(folder: Path, *, delay_ms: int = 5, extra: str = "",
+                 runtime: str = "context_compact_ratio = 0.6", providers: str = "") -> Path:
+    """The demo on ``folder``; ``extra`` goes into ``[server]``, ``providers`` after the demo's
+    own keys (more of its keys, or more providers)."""
     config = folder / "meterchat.toml"
     config.write_text(
         f"""
@@ -86,7 +89,7 @@ def write_config(folder: Path, *, delay_ms: int = 5, extra: str = "") -> Path:
 data_dir = "{(folder / "data").as_posix()}"
 {extra}
 [runtime]
-context_compact_ratio = 0.6
+{runtime}
 
 [providers.demo]
 kind = "demo"
@@ -94,6 +97,7 @@ model = "demo-small"
 context_window = 4096
 models = {{ "demo-open" = 0 }}
 delay_ms = {delay_ms}
+{providers}
 """,
         encoding="utf-8",
     )

@@ -27,6 +27,7 @@ from tests.browser_support import (
     send,
     send_and_wait,
     sent,
+    write_config,
 )
 from tests.fakes import Reply
 from tests.fakes.openai_fake import FakeOpenAI
@@ -72,25 +73,9 @@ SHOTS = os.environ.get("METERCHAT_SHOTS")  # a folder: the test leaves its scree
 
 
 def config(folder: Path, *, delay_ms: int = 5, server: str = "", providers: str = "") -> Path:
-    path = folder / "meterchat.toml"
-    path.write_text(f"""
-[server]
-data_dir = "{(folder / "data").as_posix()}"
-{server}
-[runtime]
-max_history_messages = 3
-
-[providers.demo]
-kind = "demo"
-model = "demo-small"
-context_window = 4096
-models = {{ "demo-open" = 0 }}
-delay_ms = {delay_ms}
-price_input_per_mtok = 3.0
-price_output_per_mtok = 15.0
-{providers}
-""", encoding="utf-8")
-    return path
+    """A short history (trims come early) and priced replies (their cost shows in the footer)."""
+    return write_config(folder, delay_ms=delay_ms, extra=server, runtime="max_history_messages = 3",
+                        providers="price_input_per_mtok = 3.0\nprice_output_per_mtok = 15.0\n" + providers)
 
 
 def read_page(page: Page) -> list[dict[str, Any]]:
