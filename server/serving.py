@@ -21,7 +21,7 @@ import logging
 import math
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import h11
@@ -59,29 +59,39 @@ def guarded_http(head_timeout: float, max_head_bytes: int) -> type[asyncio.Proto
         return guarded_h11(head_timeout)
 
 
+class HeadDeadline:
+    """The timer on one connection's next request head: armed when the connection opens and after
+    each response, cancelled when it closes; ``overdue`` decides whether the head is still awaited."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float, overdue: Callable[[], None]) -> None:
+        self.loop, self.seconds, self.overdue = loop, seconds, overdue
+        self.timer: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        self.cancel()
+        self.timer = self.loop.call_later(self.seconds, self.overdue)
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+
 def guarded_h11(head_timeout: float) -> type[H11Protocol]:
     """uvicorn's h11 protocol with a deadline on every request head."""
 
     class GuardedH11Protocol(H11Protocol):
-        _head_timer: asyncio.TimerHandle | None = None
-
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            self._arm()
+            self._deadline = HeadDeadline(self.loop, head_timeout, self._head_overdue)
+            self._deadline.arm()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            self._arm()  # a kept-alive connection waits for its next head under the same deadline
+            self._deadline.arm()  # a kept-alive connection waits for its next head under the same deadline
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
+            self._deadline.cancel()
             super().connection_lost(exc)
-
-        def _arm(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-            self._head_timer = self.loop.call_later(head_timeout, self._head_overdue)
 
         def _head_overdue(self) -> None:
             # IDLE on the client's side: no complete head since the connection opened or the last
@@ -97,12 +107,12 @@ def guarded_httptools(head_timeout: float, max_head_bytes: int) -> type[asyncio.
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # needs httptools
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
-        _head_timer: asyncio.TimerHandle | None = None
         _head_bytes: int | None = None  # bytes of the head awaited so far; None once it arrived
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            self._arm()
+            self._deadline = HeadDeadline(self.loop, head_timeout, self._head_overdue)
+            self._await_head()
 
         def data_received(self, data: bytes) -> None:
             # Parsed first, counted after: one read may carry a whole head and the start of its body
@@ -120,18 +130,15 @@ def guarded_httptools(head_timeout: float, max_head_bytes: int) -> type[asyncio.
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            self._arm()  # a kept-alive connection waits for its next head under the same deadline
+            self._await_head()  # a kept-alive connection waits for its next head under the same deadline
 
         def connection_lost(self, exc: Exception | None) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
+            self._deadline.cancel()
             super().connection_lost(exc)
 
-        def _arm(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
+        def _await_head(self) -> None:
             self._head_bytes = 0
-            self._head_timer = self.loop.call_later(head_timeout, self._head_overdue)
+            self._deadline.arm()
 
         def _head_overdue(self) -> None:
             if self._head_bytes is not None and not self.transport.is_closing():
