@@ -5,13 +5,14 @@ A session's frames pass ``observe``; the ones the page draws as a line of the tr
 a turn's ``error`` (its code, message and ``retryable``, so the reload offers "Try again" as the live
 page did), every ``notice`` (an unknown hint, a learned window, a truncated reply...), a switch's
 ``context`` frame (the confirmation line is drawn from it), ``aborted`` (a turn stopped before its
-reply began), a ``route`` frame that names a hint (the reply's "served by" says so; the calls the
-store records do not), and, through ``keep``, a typed ``/model`` command. A turn's error carries the
-turn's ``route`` too, since a call that failed is not recorded. Each is kept as the frame's fields
-with ``created_at`` and ``after_message_id`` (the last message of the transcript when it happened:
-where the page puts it back). The store writes them in order (``Store.record_notice``); until it
-has (a session not stored yet, a store that refused), they wait in ``unsaved`` and the in-memory
-list still answers a reload.
+reply began, or stopped in the middle of it), a ``route`` frame that names a hint (the reply's "served
+by" says so; the calls the store records do not), and, through ``keep``, a typed ``/model`` command. A
+turn's ``error`` and ``aborted`` carry the turn's ``route`` too, since a call that failed or was
+stopped is not recorded; ``route_of`` gives a running turn's route for a reply still being written.
+Each is kept as the frame's fields with ``created_at`` and ``after_message_id`` (the last message of
+the transcript when it happened: where the page puts it back). The store writes them in order
+(``Store.record_notice``); until it has (a session not stored yet, a store that refused), they wait
+in ``unsaved`` and the in-memory list still answers a reload.
 """
 
 from __future__ import annotations
@@ -59,8 +60,16 @@ class Notices:
         if not kept_kind(frame):
             return
         notice = self.keep(frame, after, now)
-        if frame["type"] == "error" and self._route.get("turn_id") == frame["turn_id"]:
-            notice["route"] = {k: v for k, v in self._route.items() if k in ROUTE_FIELDS and v is not None}
+        route = self.route_of(frame["turn_id"]) if frame["type"] in ("error", "aborted") else None
+        if route:
+            notice["route"] = route
+
+    def route_of(self, turn_id: str | None) -> dict[str, Any] | None:
+        """The route of turn ``turn_id``'s current call, as its last ``route`` frame named it (None
+        before the turn's first call)."""
+        if turn_id is None or self._route.get("turn_id") != turn_id:
+            return None
+        return {k: v for k, v in self._route.items() if k in ROUTE_FIELDS and v is not None}
 
     def keep(self, frame: Mapping[str, Any], after: str | None, now: str) -> Notice:
         notice = {k: v for k, v in frame.items() if k != "seq"}

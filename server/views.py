@@ -3,8 +3,9 @@
 A message's view is what the page needs to draw it as the live page showed it: long tool results
 are clipped here (the store and the exports keep them whole); images are URLs to fetch
 (``image_url``), never inlined; each reply carries its turn's route, and the turn's last reply its
-usage and cost (joined from the calls the store records per turn); a reply still being written is
-marked ``streaming``. The ``history`` frame also carries the session's trims and its other lines
+usage and cost (joined from the calls the store records per turn; a reply whose turn is still in its
+first call takes the route of that call's ``route`` frame); a reply still being written is marked
+``streaming``. The ``history`` frame also carries the session's trims and its other lines
 (errors, notices, switches: ``server.notices``), so they come back where they happened.
 
 History goes out in pages, newest first: the ``history`` snapshot carries the newest messages (at
@@ -105,6 +106,7 @@ def transcript_views(session: Session, start: int = 0, end: int | None = None) -
     streaming = session.reply.current() if session.reply is not None else None
     running = session.turn.turn_id if session.turn is not None else None
     usage = turn_usage(session.calls)
+    live_route = session.notices.route_of(running)  # a reply whose first call has not ended yet
     last = _last_replies(messages)
     views = []
     for message in messages[start:end]:
@@ -117,6 +119,8 @@ def transcript_views(session: Session, start: int = 0, end: int | None = None) -
             finished = message.turn_id != running and not message.interrupted
             if finished and last[message.turn_id] is message:
                 view["usage"] = summed
+        elif message.role == "assistant" and live_route and message.turn_id == running:
+            view["route"] = live_route
         views.append(view)
     return views
 

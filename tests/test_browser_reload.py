@@ -168,9 +168,11 @@ def test_a_reply_streaming_through_a_reload_stays_streaming_and_a_stopped_one_st
         open_new_chat(page)
         send(page, f"echo {words}")
         expect(page.locator('[data-state="streaming"] .msg-body')).to_contain_text("word2 ")
+        live_route = page.locator(ASSISTANT).last.locator(".route").text_content()
         reload(page)
         reply = page.locator(ASSISTANT).last
         expect(reply).to_have_attribute("data-state", "streaming")  # not "writing… stopped"
+        assert reply.locator(".route").text_content() == live_route  # at once: its call has not ended
         expect(reply.locator(".msg-foot")).not_to_contain_text("stopped")
         expect(page.get_by_test_id("stop")).to_be_enabled()
         expect(reply.locator(".msg-body")).to_contain_text("word20 ")
@@ -180,6 +182,19 @@ def test_a_reply_streaming_through_a_reload_stays_streaming_and_a_stopped_one_st
         reload(page)
         after = [{**row, "time": None} for row in read_page(page)]
     assert after == before and after[-1]["state"] == "stopped" and after[-1]["foot"] == "stopped"
+    assert live_route == "demo/demo-small" and after[-1]["route"] == live_route  # stopped in its first call
+
+
+def test_a_reply_stopped_in_its_first_call_keeps_its_route_through_a_reload(
+        browser: Browser, tmp_path: Path) -> None:
+    with running_server(config(tmp_path, delay_ms=40)) as base, opened_page(browser, base) as page:
+        open_new_chat(page)
+        send(page, "echo " + " ".join(f"word{i}" for i in range(120)))
+        expect(page.locator('[data-state="streaming"] .msg-body')).to_contain_text("word2 ")
+        page.get_by_test_id("stop").click()
+        expect(page.locator(ASSISTANT).last).to_have_attribute("data-state", "stopped")
+        after = reloads_the_same(page, "stopped-first-call", untimed=("stopped",))
+    assert after[-1]["route"] == "demo/demo-small" and after[-1]["state"] == "stopped"
 
 
 def test_edit_of_an_earlier_message_previews_the_drop_on_the_meter(browser: Browser, tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from tests.support import (
 pytestmark = pytest.mark.anyio
 PRICED_DEMO = {"kind": "demo", "model": "demo-small", "context_window": 4096, "delay_ms": 0,
                "price_input_per_mtok": 3.0, "price_output_per_mtok": 15.0}
+DEMO_ROUTE = {"provider": "demo", "model": "demo-small", "route_kind": "default"}
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"pixels" * 10).decode()
 
 
@@ -113,9 +114,27 @@ async def test_a_reply_still_streaming_is_marked_so(tmp_path):
     assert history["turn_in_flight"] == turn
     reply = history["messages"][-1]
     assert reply["streaming"] is True and reply["turn_id"] == turn
+    assert reply["route"] == DEMO_ROUTE  # its first call has not ended: the route its route frame named
     assert reply["content"] + text_of(rest) == of_type(rest, "done")[0]["full_response"]
     assert "turn_in_flight" not in history_after
     assert "streaming" not in history_after["messages"][-1]
+    assert history_after["messages"][-1]["route"] == DEMO_ROUTE
+
+
+async def test_a_reply_stopped_in_its_first_call_keeps_its_route(tmp_path):
+    with serve(slow_settings(tmp_path)) as address:
+        async with client(address) as a:
+            await a.hello()
+            started = await a.start_turn(SHORT_REPLY)
+            await a.send("stop")
+            await a.until("aborted")
+        history = await reopened(address, a.session_id)
+    turn = of_type(started, "accepted")[0]["turn_id"]
+    reply = history["messages"][-1]
+    assert reply["interrupted"] is True and "route" not in reply  # a stopped call is not recorded
+    stopped = [n for n in history["notices"] if n["type"] == "aborted"]
+    assert stopped == [{"type": "aborted", "turn_id": turn, "route": DEMO_ROUTE,
+                        "created_at": stopped[0]["created_at"], "after_message_id": reply["id"]}]
 
 
 async def test_images_are_served_by_url_behind_the_token(tmp_path):

@@ -30,6 +30,7 @@ export function placeLines(t, items, lines, complete) {
       continue;
     }
     if (n.type === "route" && reply) Object.assign(reply, routeFields(n)); // the hint it was sent with
+    if (n.type === "aborted" && reply && !reply.route && n.route) Object.assign(reply, routeFields(n.route)); // stopped in its first call
     const failed = n.type === "error" ? failedReply(n, reply, items) : null;
     if (failed && failed !== reply) items.splice(index++, 0, failed);
     const entry = storedLine(n, reply, t.retryFor);
