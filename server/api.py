@@ -33,7 +33,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from server.errors import Busy, ClientError, SessionExists, SlowBody, TooLarge, UnknownSession
-from server.export import from_json, to_json, to_markdown
+from server.export import from_json, to_json
+from server.markdown import to_markdown
 from server.protocol import echo
 from server.store import SessionSummary, Store
 

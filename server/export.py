@@ -1,11 +1,20 @@
-"""A stored session as a readable Markdown file or a versioned JSON document, and back from JSON.
+"""A stored session as a versioned JSON document, and back (``server.markdown`` writes the readable
+Markdown file).
 
 JSON shape (``version`` 1)::
 
     {"format": "meterchat.session", "version": 1, "id", "title", "route", "created_at",
      "updated_at", "messages": [{id, role, content, tool_calls, tool_call_id, images, name,
      breadcrumb, summary, trimmed, excluded, interrupted, turn_id}], "calls": [{turn_id, provider,
-     model, route_kind, input_tokens, output_tokens, tokens_source, cost_usd, created_at}]}
+     model, route_kind, input_tokens, output_tokens, tokens_source, cost_usd, created_at}],
+     "trims": [{history_trimmed fields, created_at, after_message_id?}],
+     "notices": [{type, the frame's fields, created_at, after_message_id}]}
+
+``trims`` and ``notices`` (added to version 1; a file without them still reads) are the transcript's
+other lines as the ``history`` frame gives them, so an imported session reloads with its trim notices,
+errors, switches and notices where they happened. Each is checked against ``LINE_FIELDS`` (every
+field's JSON type) and the frame registry (which fields each kind needs), so the page never draws a
+line it does not understand.
 
 A message and a call are ``server.store``'s codec of ``ChatMessage`` and ``CallRecord``; what an
 import accepts for each field is read from the same dataclasses (a field that may be None is
@@ -17,16 +26,14 @@ optional, one without a default is required, and every message names its ``id``)
 
 from __future__ import annotations
 
-import json
-import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import MISSING, fields
 from typing import Any, get_origin, get_type_hints
 
 from server.errors import ImportRejected
-from server.history import ChatMessage, stored_marks
-from server.protocol import echo
+from server.history import ChatMessage
+from server.protocol import NOTICE_CODES, SERVER_FRAMES, TRIM_REASONS, echo, field_names
 from server.store import (
     MESSAGE_HINTS,
     MESSAGE_LISTS,
@@ -77,7 +84,8 @@ _CALL_FIELDS = _table_of(CallRecord)
 _SESSION_FIELDS: Fields = {
     "format": (_STR, True), "version": (_INT, True), "id": (_OPT_STR, False), "title": (_STR, True),
     "route": (_STR, True), "created_at": (_OPT_STR, False), "updated_at": (_OPT_STR, False),
-    "messages": ((list,), True), "calls": (_OPT_LIST, False),
+    "messages": ((list,), True), "calls": (_OPT_LIST, False), "trims": (_OPT_LIST, False),
+    "notices": (_OPT_LIST, False),
 }
 
 
@@ -87,6 +95,7 @@ def to_json(session: StoredSession) -> dict[str, Any]:
         "route": session.route, "created_at": session.created_at, "updated_at": session.updated_at,
         "messages": [message_to_data(message) for message in session.messages],
         "calls": [call_to_data(call) for call in session.calls],
+        "trims": list(session.trims), "notices": list(session.notices),
     }
 
 
@@ -100,10 +109,12 @@ def from_json(data: Any) -> StoredSession:
     messages = [_message(item, f"messages[{i}]") for i, item in enumerate(data["messages"])]
     _check_unique_ids(messages)
     calls = [_call(item, f"calls[{i}]") for i, item in enumerate(data.get("calls") or [])]
+    trims = [_trim(item, f"trims[{i}]") for i, item in enumerate(data.get("trims") or [])]
+    notices = [_notice(item, f"notices[{i}]") for i, item in enumerate(data.get("notices") or [])]
     created = data.get("created_at") or ""
     return StoredSession(id=uuid.uuid4().hex, title=data["title"], route=data["route"],
                          created_at=created, updated_at=data.get("updated_at") or created,
-                         messages=messages, calls=calls)
+                         messages=messages, calls=calls, trims=trims, notices=notices)
 
 
 def _check_object(value: Any, path: str, fields: Fields) -> None:
@@ -155,6 +166,81 @@ def _call(item: Any, path: str) -> CallRecord:
     return CallRecord(**values)
 
 
+# Transcript lines: every field a kept trim or notice may carry, by name, with its JSON types.
+_NUMBER = (int, float)
+_STR_FIELDS = ("code", "message", "turn_id", "message_id", "provider", "model", "route_kind", "hint",
+               "reason", "tokens_source", "window_source", "content", "created_at")
+_INT_FIELDS = ("dropped_messages", "dropped_turns", "kept_turns", "token_budget", "tokens_before",
+               "tokens_after", "estimated_tokens", "context_token_budget", "model_context_window",
+               "system_tokens", "tool_schema_tokens", "history_tokens", "trimmed_tokens", "image_tokens",
+               "reply_reserve")
+LINE_FIELDS: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys(_STR_FIELDS, _STR), **dict.fromkeys(_INT_FIELDS, _INT),
+    "retry_after": _NUMBER, "calibration_ratio": _NUMBER, "retryable": (bool,),
+    "message_ids": (list,), "turn_ids": (list,), "after_message_id": _OPT_STR,
+    "route": (dict,), "trim_preview": (dict,),
+}
+_ROUTE_FIELDS: Fields = {"provider": (_STR, True), "model": (_STR, True), "route_kind": (_STR, True),
+                         "hint": (_OPT_STR, False), "turn_id": (_OPT_STR, False)}
+_PREVIEW_FIELDS: Fields = {"turns": (_INT, True), "tokens": (_INT, True)}
+
+
+def _line_fields(spec: tuple[str, ...], *extra: str) -> Fields:
+    """A kept line's fields: its frame's (required as the registry says), when it happened and
+    after which message."""
+    required, optional = field_names(spec)
+    names = {**dict.fromkeys((*optional, "after_message_id", *extra), False),
+             **dict.fromkeys((*required, "created_at"), True)}
+    return {name: (LINE_FIELDS[name], needed) for name, needed in names.items()}
+
+
+_TRIM_FIELDS = _line_fields(SERVER_FRAMES["history_trimmed"])
+# The kinds of notice the page draws again (``server.notices``), each with its fields; a turn's
+# error and a stop carry the turn's route.
+_NOTICE_FIELDS: dict[str, Fields] = {
+    kind: {"type": (_STR, True), **_line_fields(spec, "route")}
+    for kind, spec in (*((k, SERVER_FRAMES[k]) for k in ("error", "notice", "context", "route", "aborted")),
+                       ("command", ("content",)))
+}
+
+
+def _trim(item: Any, path: str) -> dict[str, Any]:
+    _check_object(item, path, _TRIM_FIELDS)
+    _check_enum(item, path, "reason", TRIM_REASONS)
+    for key in ("message_ids", "turn_ids"):
+        _check_strings(item[key], f"{path}.{key}")
+    return dict(item)
+
+
+def _notice(item: Any, path: str) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        raise ImportRejected(f"{path}: expected an object, got {_kind(item)}")
+    kind = item.get("type")
+    if kind not in _NOTICE_FIELDS:
+        raise ImportRejected(f"{path}.type: expected one of {', '.join(_NOTICE_FIELDS)}, got {echo(kind)}")
+    _check_object(item, path, _NOTICE_FIELDS[kind])
+    if kind == "notice":
+        _check_enum(item, path, "code", NOTICE_CODES)
+    if kind == "context":
+        _check_enum(item, path, "reason", ("switch",))
+    if isinstance(item.get("route"), dict):
+        _check_object(item["route"], f"{path}.route", _ROUTE_FIELDS)
+    if isinstance(item.get("trim_preview"), dict):
+        _check_object(item["trim_preview"], f"{path}.trim_preview", _PREVIEW_FIELDS)
+    return dict(item)
+
+
+def _check_enum(item: Mapping[str, Any], path: str, key: str, allowed: tuple[str, ...]) -> None:
+    if item[key] not in allowed:
+        raise ImportRejected(f"{path}.{key}: expected one of {', '.join(allowed)}, got {echo(item[key])}")
+
+
+def _check_strings(values: list[Any], path: str) -> None:
+    for index, value in enumerate(values):
+        if not isinstance(value, str):
+            raise ImportRejected(f"{path}[{index}]: expected string, got {_kind(value)}")
+
+
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
@@ -169,67 +255,3 @@ def _type_name(kind: type) -> str:
 
 def _kind(value: Any) -> str:
     return _type_name(type(value))
-
-
-# Markdown
-
-def to_markdown(session: StoredSession) -> str:
-    """A readable transcript: head, every message with its role and marks, then the calls."""
-    parts = [f"# {session.title or 'Untitled session'}", "",
-             f"- Route: `{session.route}`", f"- Created: {session.created_at}",
-             f"- Updated: {session.updated_at}", f"- Session: `{session.id}`", ""]
-    for index, message in enumerate(session.messages, 1):
-        parts.extend(["---", "", _message_heading(index, message), ""])
-        parts.extend(_message_body(message))
-    if session.calls:
-        parts.extend(["---", "", "## Provider calls", "", *_calls_table(session.calls), ""])
-    return "\n".join(parts).rstrip("\n") + "\n"
-
-
-def _message_heading(index: int, message: ChatMessage) -> str:
-    marks = []
-    if message.breadcrumb:
-        marks.append("breadcrumb")
-    if message.summary:
-        marks.append("summary")
-    trimmed, excluded = stored_marks(message)
-    if trimmed:
-        marks.append("trimmed, no longer sent")
-    if excluded is not None:
-        marks.append(f"excluded: {excluded}")
-    if message.interrupted:
-        marks.append("interrupted")
-    suffix = f" _({'; '.join(marks)})_" if marks else ""
-    return f"## {index}. {message.role.capitalize()}{suffix}"
-
-
-def _message_body(message: ChatMessage) -> list[str]:
-    lines: list[str] = []
-    if message.role == "tool":
-        label = f"**Tool result** `{message.name or '?'}` (call `{message.tool_call_id or '?'}`)"
-        lines.extend([label, "", *_fenced(message.content, "text"), ""])
-    elif message.content:
-        lines.extend([message.content, ""])
-    for call in message.tool_calls or ():
-        arguments = json.dumps(call.arguments, ensure_ascii=False, indent=2)
-        lines.extend([f"**Tool call** `{call.name}` (id `{call.id}`)", "", *_fenced(arguments, "json"), ""])
-    for image in message.images or ():
-        lines.extend([f"_[image: {image.media_type}, {len(image.data) * 3 // 4} bytes]_", ""])
-    return lines
-
-
-def _fenced(text: str, language: str) -> list[str]:
-    """A code fence longer than any backtick run inside ``text``, so the block cannot break out."""
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return [f"{fence}{language}", text, fence]
-
-
-def _calls_table(calls: list[CallRecord]) -> list[str]:
-    rows = ["| turn | provider/model | route | input | output | tokens | cost (USD) |",
-            "| --- | --- | --- | ---: | ---: | --- | ---: |"]
-    for call in calls:
-        cost = "" if call.cost_usd is None else f"{call.cost_usd:.6f}"
-        rows.append(f"| {call.turn_id or ''} | {call.provider}/{call.model} | {call.route_kind} | "
-                    f"{call.input_tokens} | {call.output_tokens} | {call.tokens_source} | {cost} |")
-    return rows

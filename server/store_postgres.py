@@ -48,6 +48,8 @@ CONNECT_SECONDS = 10.0  # [store] timeout_seconds: long enough for a failover, s
 _INSERT_CALL = (f"INSERT INTO calls (session_id, {', '.join(CALL_FIELDS)}) "
                 f"VALUES ({', '.join(['%s'] * (len(CALL_FIELDS) + 1))})")
 _INSERT = "INSERT INTO messages (session_id, id, position, data) VALUES (%s, %s, %s, %s)"
+# A trim or a notice: its fields as JSON, in the table named (``trims``, ``notices``).
+_INSERT_EVENT = "INSERT INTO {} (session_id, data, created_at) VALUES (%s, %s, %s)"
 _UPSERT = _INSERT + " ON CONFLICT (session_id, id) DO UPDATE SET data = excluded.data"
 _SUMMARY = ("SELECT s.id, s.title, s.route, s.created_at, s.updated_at, "
             "(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id) FROM sessions s")
@@ -165,7 +167,7 @@ class PostgresStore:
         session_id, title, route, created_at, updated_at = head
         return StoredSession(session_id, title, route, created_at, updated_at,
                              [message_from_data(row[0]) for row in rows], [CallRecord(*row) for row in calls],
-                             [{**data, "created_at": at} for data, at in trims],
+                             [{"created_at": at, **data} for data, at in trims],
                              [{"created_at": at, **data} for data, at in notices])
 
     async def get_summary(self, session_id: str) -> SessionSummary | None:
@@ -296,8 +298,7 @@ class PostgresStore:
     async def _put_event(self, table: str, session_id: str, data: Mapping[str, Any]) -> None:
         async with self._transaction() as conn:
             now = await self._touch(conn, session_id)
-            await conn.execute(f"INSERT INTO {table} (session_id, data, created_at) VALUES (%s, %s, %s)",
-                               (session_id, Json(dict(data)), now))
+            await conn.execute(_INSERT_EVENT.format(table), (session_id, Json(dict(data)), now))
 
     async def import_session(self, session: StoredSession) -> None:
         """Write a whole session (from an export) at once; its id must be new."""
@@ -306,6 +307,10 @@ class PostgresStore:
             await self._create(conn, session.id, session.title, session.route, session.created_at)
             await self._put(conn, session.id, documents, _INSERT)
             await self._put_calls(conn, session.id, session.calls)
+            async with conn.cursor() as cursor:
+                for table, lines in (("trims", session.trims), ("notices", session.notices)):
+                    await cursor.executemany(_INSERT_EVENT.format(table), [
+                        (session.id, Json(dict(line)), line["created_at"]) for line in lines])
 
 
 def _search_sql(query: str, before: str | None, limit: int | None) -> tuple[str, tuple[Any, ...]]:

@@ -66,6 +66,8 @@ _UPSERT = (_INSERT + " ON CONFLICT (session_id, id) DO UPDATE SET "
 _CONTENT, _INTERRUPTED = (1 + _FIELDS.index(name) for name in ("content", "interrupted"))  # in a Row
 _REINDEX = ("UPDATE message_text SET content = ? "
             "WHERE rowid = (SELECT rowid FROM messages WHERE session_id = ? AND id = ?)")
+# A trim or a notice: its fields as JSON, in the table named (``trims``, ``notices``).
+_INSERT_EVENT = "INSERT INTO {} (session_id, data, created_at) VALUES (?, ?, ?)"
 _SELECT = f"SELECT id, {', '.join(_FIELDS)} FROM messages WHERE session_id = ? ORDER BY position"
 _SUMMARY = ("SELECT s.id, s.title, s.route, s.created_at, s.updated_at, "
             "(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id) FROM sessions s")
@@ -187,7 +189,7 @@ class SqliteStore:
             calls = [CallRecord(*row) for row in self._conn.execute(
                 f"SELECT {', '.join(CALL_FIELDS)} FROM calls WHERE session_id = ? ORDER BY seq",
                 (session_id,))]
-            trims = [{**json.loads(data), "created_at": at} for data, at in self._conn.execute(
+            trims = [{"created_at": at, **json.loads(data)} for data, at in self._conn.execute(
                 "SELECT data, created_at FROM trims WHERE session_id = ? ORDER BY seq", (session_id,))]
             notices = [{"created_at": at, **json.loads(data)} for data, at in self._conn.execute(
                 "SELECT data, created_at FROM notices WHERE session_id = ? ORDER BY seq", (session_id,))]
@@ -328,8 +330,7 @@ class SqliteStore:
 
     def _put_event(self, table: str, session_id: str, data: str) -> None:
         now = self._touch(session_id)
-        self._conn.execute(f"INSERT INTO {table} (session_id, data, created_at) VALUES (?, ?, ?)",
-                           (session_id, data, now))
+        self._conn.execute(_INSERT_EVENT.format(table), (session_id, data, now))
 
     async def import_session(self, session: StoredSession) -> None:
         """Write a whole session (from an export) at once; its id must be new."""
@@ -340,6 +341,9 @@ class SqliteStore:
         self._create(session.id, session.title, session.route, session.created_at)
         self._put_rows(session.id, rows, _INSERT)
         self._put_calls(session.id, session.calls)
+        for table, lines in (("trims", session.trims), ("notices", session.notices)):
+            self._conn.executemany(_INSERT_EVENT.format(table),
+                                   [(session.id, _json(line), line["created_at"]) for line in lines])
 
 
 # The session search (migration 3): titles by substring, message text through the FTS5 index.

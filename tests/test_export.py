@@ -5,16 +5,35 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from server.errors import ImportRejected
-from server.export import from_json, to_json, to_markdown
+from server.export import from_json, to_json
 from server.history import ChatMessage
+from server.markdown import to_markdown
 from server.store import CallRecord, StoredSession, message_to_data
 from server.stores import open_store
+from tests.support import SHORT_REPLY, SLOW_DEMO, client, serve, settings_for
+from tests.test_reload import reopened
 from tests.test_store import every_field_messages
 
 pytestmark = pytest.mark.anyio
+
+
+TRIM = {"dropped_messages": 2, "dropped_turns": 1, "kept_turns": 1, "reason": "token_budget",
+        "token_budget": 4096, "tokens_before": 4626, "tokens_after": 3546, "message_ids": ["m1", "m2"],
+        "turn_ids": ["t0"], "turn_id": "t1", "created_at": "2024-01-01T00:00:01+00:00"}
+NOTICES = [
+    {"type": "error", "code": "provider_unavailable", "message": "down", "retryable": True, "turn_id": "t1",
+     "route": {"provider": "demo", "model": "demo-small", "route_kind": "default"},
+     "created_at": "2024-01-01T00:00:02+00:00", "after_message_id": "m3"},
+    {"type": "context", "provider": "demo", "model": "demo-open", "route_kind": "switch",
+     "estimated_tokens": 95, "tokens_source": "estimate", "context_token_budget": 32000, "reason": "switch",
+     "trim_preview": {"turns": 1, "tokens": 20}, "calibration_ratio": 0.9,
+     "created_at": "2024-01-01T00:00:03+00:00", "after_message_id": None},
+    {"type": "command", "content": "/model demo", "created_at": "2024-01-01T00:00:04+00:00"},
+]
 
 
 def sample_session() -> StoredSession:
@@ -24,7 +43,7 @@ def sample_session() -> StoredSession:
     calls = [CallRecord("t1", "demo", "demo-small", "default", 12, 3, "provider", 0.5, day1),
              CallRecord(None, "openai", "gpt", "hint", 1, 0, "estimate", None, day2)]
     return StoredSession("abc", "Chat ✓", "demo/demo-small", "2024-01-01T00:00:00+00:00",
-                         "2024-01-02T00:00:00+00:00", messages, calls)
+                         "2024-01-02T00:00:00+00:00", messages, calls, [TRIM], copy.deepcopy(NOTICES))
 
 
 def test_export_json_is_versioned_and_plain_data() -> None:
@@ -52,6 +71,7 @@ def test_export_json_round_trip_gives_a_new_id_and_equal_content() -> None:
                                                                      session.created_at)
     assert [message_to_data(m) for m in imported.messages] == [message_to_data(m) for m in session.messages]
     assert imported.calls == session.calls
+    assert (imported.trims, imported.notices) == ([TRIM], NOTICES)
 
 
 async def test_export_import_through_the_store(tmp_path: Path) -> None:
@@ -119,6 +139,30 @@ def test_import_rejects_bad_fields_naming_them() -> None:
     assert bad(lambda d: d["calls"][0].update(output_tokens=-1)).startswith("calls[0].output_tokens:")
 
 
+def test_import_rejects_bad_trims_and_notices_naming_the_field() -> None:
+    assert bad(lambda d: d.update(trims={})) == "trims: expected array or null, got object"
+    assert bad(lambda d: d["trims"][0].pop("dropped_turns")) == "trims[0].dropped_turns: required"
+    assert bad(lambda d: d["trims"][0].pop("created_at")) == "trims[0].created_at: required"
+    assert bad(lambda d: d["trims"][0].update(reason="whim")).startswith("trims[0].reason: expected one of")
+    assert bad(lambda d: d["trims"][0].update(message_ids=["m1", 2])) == \
+        "trims[0].message_ids[1]: expected string, got integer"
+    assert bad(lambda d: d["trims"][0].update(tokens_after="3,546")) == \
+        "trims[0].tokens_after: expected integer, got string"
+    assert bad(lambda d: d["notices"].append("hi")) == "notices[3]: expected an object, got string"
+    assert bad(lambda d: d["notices"][0].update(type="chunk")).startswith(
+        "notices[0].type: expected one of error,")
+    assert bad(lambda d: d["notices"][0].update(retryable="yes")) == \
+        "notices[0].retryable: expected boolean, got string"
+    assert bad(lambda d: d["notices"][0].pop("message")) == "notices[0].message: required"
+    assert bad(lambda d: d["notices"][0]["route"].update(model=None)) == \
+        "notices[0].route.model: expected string, got null"
+    assert bad(lambda d: d["notices"][1].update(reason="send")).startswith(
+        "notices[1].reason: expected one of")
+    assert bad(lambda d: d["notices"][1]["trim_preview"].pop("turns")) == \
+        "notices[1].trim_preview.turns: required"
+    assert bad(lambda d: d["notices"][2].update(colour="red")) == "notices[2].colour: unknown field"
+
+
 @pytest.mark.parametrize("document", [None, [], "text", 3])
 def test_import_rejects_a_document_that_is_not_an_object(document: Any) -> None:
     with pytest.raises(ImportRejected, match="^document: expected an object"):
@@ -131,3 +175,41 @@ def test_import_accepts_a_minimal_document() -> None:
     assert [(m.id, m.role, m.content, m.left_out, m.tool_calls) for m in session.messages] == \
         [("m1", "user", "hi", None, None)]
     assert session.calls == []
+
+
+async def test_an_imported_session_reloads_with_its_trims_and_notices(tmp_path: Path) -> None:
+    """Export a session with every kind of line over REST, import it, open the copy: its history
+    frame has the same trims and notices, in the same places (message ids travel with the file)."""
+    settings = settings_for(tmp_path, {"providers": {"demo": SLOW_DEMO},
+                                       "runtime": {"max_history_messages": 1}})
+    with serve(settings) as address:
+        async with client(address) as c:
+            await c.hello()
+            await c.say("echo one")
+            await c.send("message", id="bare", content="/model")
+            await c.until("notice")  # the routes there are, not a turn
+            await c.say("/hint nothing echo two")
+            await c.say("echo three")
+            await c.send("switch_model", route="demo/demo-open")
+            await c.until("context")
+            await c.start_turn(SHORT_REPLY, "q9")
+            await c.send("stop")
+            await c.until("aborted")
+        original = await reopened(address, c.session_id)
+        async with httpx.AsyncClient(base_url=f"http://{address}") as http:
+            exported = (await http.get(f"/api/sessions/{c.session_id}/export?format=json")).json()
+            markdown = (await http.get(f"/api/sessions/{c.session_id}/export?format=md")).text
+            copy_id = (await http.post("/api/sessions/import", json=exported)).json()["session_id"]
+        imported = await reopened(address, copy_id)
+    kinds = [n["type"] for n in original["notices"]]
+    assert kinds == ["command", "notice", "notice", "route", "context", "aborted"]
+    assert len(original["trims"]) == 3
+    assert original["notices"][-1]["route"]["model"] == "demo-open"  # a stop keeps its route
+    assert (imported["trims"], imported["notices"]) == (original["trims"], original["notices"])
+    assert [m["id"] for m in imported["messages"]] == [m["id"] for m in original["messages"]]
+    lines = [line for line in markdown.splitlines() if line.startswith("> ")]
+    assert [line.split()[1] for line in lines] == [  # each where it happened, a trim above its turn
+        "**Command**", "**Notice**", "_Trimmed:", "**Notice**", "**Hint**", "_Trimmed:", "**Switched**",
+        "_Trimmed:", "**Stopped**"]
+    assert "> _Trimmed: 1 turn dropped (over the turn limit)_" in lines
+    assert markdown.index("## 8. Assistant _(interrupted)_") < markdown.index("> **Stopped**")

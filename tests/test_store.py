@@ -16,7 +16,7 @@ import pytest
 from server.errors import ConfigError, SessionExists, UnknownSession
 from server.history import ChatMessage, Image, ToolCall
 from server.migrations import MIGRATIONS
-from server.store import CallRecord, Store, message_to_data
+from server.store import CallRecord, Store, StoredSession, message_to_data
 from server.store_sqlite import FILE_NAME
 from server.stores import open_store
 
@@ -221,6 +221,20 @@ async def test_store_keeps_trims_and_what_a_reload_draws(store: Store, backend: 
     assert all(t["created_at"] for t in session.trims)
     await store.delete_session("s")
     assert backend.count("SELECT COUNT(*) FROM trims") == 0
+
+
+async def test_store_import_keeps_trims_and_notices_with_their_own_times(store: Store) -> None:
+    trim = {"reason": "turn_limit", "dropped_turns": 1, "turn_ids": ["t0"], "turn_id": "t1",
+            "created_at": "2024-01-01T00:00:01+00:00"}
+    notice = {"type": "aborted", "turn_id": "t1", "after_message_id": None,
+              "created_at": "2024-01-01T00:00:02+00:00"}
+    later = {**notice, "turn_id": "t2", "created_at": "2024-01-01T00:00:03+00:00"}
+    imported = StoredSession("s", "t", "r", "2024-01-01T00:00:00+00:00", "2024-01-01T00:00:03+00:00",
+                             [ChatMessage("user", "hi", turn_id="t1")], [], [trim], [notice, later])
+    await store.import_session(imported)
+    session = await store.get_session("s")
+    assert session is not None
+    assert (session.trims, session.notices) == ([trim], [notice, later])
 
 
 async def test_store_keeps_notices_in_order_with_their_own_times(store: Store, backend: Backend) -> None:
