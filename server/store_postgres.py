@@ -16,7 +16,6 @@ Order: as in the SQLite store, a ``position`` float per message; append takes ``
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,7 +28,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from server.errors import ConfigError, SessionExists, StoreUnavailable, UnknownSession
 from server.history import ChatMessage
-from server.migrations import PG_MESSAGE_TEXT, migrate_postgres
+from server.migrations import migrate_postgres
+from server.session_search import POSTGRES, SUMMARY, search_sql
 from server.store import (
     CALL_FIELDS,
     CallRecord,
@@ -51,8 +51,6 @@ _INSERT = "INSERT INTO messages (session_id, id, position, data) VALUES (%s, %s,
 # A trim or a notice: its fields as JSON, in the table named (``trims``, ``notices``).
 _INSERT_EVENT = "INSERT INTO {} (session_id, data, created_at) VALUES (%s, %s, %s)"
 _UPSERT = _INSERT + " ON CONFLICT (session_id, id) DO UPDATE SET data = excluded.data"
-_SUMMARY = ("SELECT s.id, s.title, s.route, s.created_at, s.updated_at, "
-            "(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id) FROM sessions s")
 
 
 class _NulSafeText(StrDumperUnknown):
@@ -171,13 +169,13 @@ class PostgresStore:
                              [{"created_at": at, **data} for data, at in notices])
 
     async def get_summary(self, session_id: str) -> SessionSummary | None:
-        rows = await self._query(_SUMMARY + " WHERE s.id = %s", (session_id,))
+        rows = await self._query(SUMMARY + " WHERE s.id = %s", (session_id,))
         return SessionSummary(*rows[0]) if rows else None
 
     async def list_sessions(self, query: str = "", before: str | None = None,
                             limit: int | None = None) -> list[SessionSummary]:
         """Sessions, most recently updated first: all, or those whose title or text matches."""
-        rows = await self._query(*_search_sql(query, before, limit))
+        rows = await self._query(*search_sql(POSTGRES, query, before, limit))
         return [SessionSummary(*row) for row in rows]
 
     async def _query(self, sql: str, params: tuple[Any, ...]) -> list[Row]:
@@ -311,25 +309,6 @@ class PostgresStore:
                 for table, lines in (("trims", session.trims), ("notices", session.notices)):
                     await cursor.executemany(_INSERT_EVENT.format(table), [
                         (session.id, Json(dict(line)), line["created_at"]) for line in lines])
-
-
-def _search_sql(query: str, before: str | None, limit: int | None) -> tuple[str, tuple[Any, ...]]:
-    """The twin of the SQLite search: titles by substring (any case), message text by every word
-    as a prefix (the ``messages_text`` GIN index of migration 3)."""
-    where: list[str] = []
-    params: list[Any] = []
-    words = re.findall(r"[^\W_]+", query)
-    if query.strip():
-        like = "%" + re.sub(r"([%_\\])", r"\\\1", query.strip()) + "%"
-        text = (f" OR s.id IN (SELECT session_id FROM messages WHERE {PG_MESSAGE_TEXT}"
-                " @@ to_tsquery('simple', %s))") if words else ""
-        where.append(f"(s.title ILIKE %s ESCAPE '\\'{text})")
-        params += [like, " & ".join(f"{word}:*" for word in words)] if words else [like]
-    if before:
-        where.append("s.updated_at < %s")
-        params.append(before)
-    sql = _SUMMARY + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY s.updated_at DESC, s.id"
-    return sql + " LIMIT %s", (*params, limit)
 
 
 def _call_row(call: CallRecord, now: str) -> Row:

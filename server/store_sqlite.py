@@ -24,7 +24,6 @@ the floats run out of room between them.
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -37,6 +36,7 @@ import anyio.to_thread
 from server.errors import ConfigError, SessionExists, StoreUnavailable, UnknownSession
 from server.history import ChatMessage
 from server.migrations import migrate_sqlite
+from server.session_search import SQLITE, SUMMARY, search_sql
 from server.store import (
     CALL_FIELDS,
     MESSAGE_FIELDS,
@@ -69,8 +69,6 @@ _REINDEX = ("UPDATE message_text SET content = ? "
 # A trim or a notice: its fields as JSON, in the table named (``trims``, ``notices``).
 _INSERT_EVENT = "INSERT INTO {} (session_id, data, created_at) VALUES (?, ?, ?)"
 _SELECT = f"SELECT id, {', '.join(_FIELDS)} FROM messages WHERE session_id = ? ORDER BY position"
-_SUMMARY = ("SELECT s.id, s.title, s.route, s.created_at, s.updated_at, "
-            "(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id) FROM sessions s")
 
 Row = tuple[Any, ...]
 
@@ -200,13 +198,13 @@ class SqliteStore:
                              notices)
 
     async def get_summary(self, session_id: str) -> SessionSummary | None:
-        row = await self._call(self._query_one, _SUMMARY + " WHERE s.id = ?", (session_id,))
+        row = await self._call(self._query_one, SUMMARY + " WHERE s.id = ?", (session_id,))
         return None if row is None else SessionSummary(*row)
 
     async def list_sessions(self, query: str = "", before: str | None = None,
                             limit: int | None = None) -> list[SessionSummary]:
         """Sessions, most recently updated first: all, or those whose title or text matches."""
-        rows = await self._call(self._query, *_search_sql(query, before, limit))
+        rows = await self._call(self._query, *search_sql(SQLITE, query, before, limit))
         return [SessionSummary(*row) for row in rows]
 
     def _query(self, sql: str, params: tuple[Any, ...]) -> list[Row]:
@@ -344,26 +342,6 @@ class SqliteStore:
         for table, lines in (("trims", session.trims), ("notices", session.notices)):
             self._conn.executemany(_INSERT_EVENT.format(table),
                                    [(session.id, _json(line), line["created_at"]) for line in lines])
-
-
-# The session search (migration 3): titles by substring, message text through the FTS5 index.
-def _search_sql(query: str, before: str | None, limit: int | None) -> tuple[str, tuple[Any, ...]]:
-    """The session list, newest first: titles (substring) or message text (FTS5 prefix terms) that
-    match every word of ``query``, updated before ``before``, at most ``limit`` rows."""
-    where: list[str] = []
-    params: list[Any] = []
-    words = re.findall(r"\w+", query)
-    if query.strip():
-        like = "%" + re.sub(r"([%_\\])", r"\\\1", query.strip()) + "%"
-        match = " ".join(f'"{word}"*' for word in words)
-        text = " OR s.id IN (SELECT session_id FROM message_text WHERE message_text MATCH ?)" if words else ""
-        where.append(f"(s.title LIKE ? ESCAPE '\\'{text})")
-        params += [like, match] if words else [like]
-    if before:
-        where.append("s.updated_at < ?")
-        params.append(before)
-    sql = _SUMMARY + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY s.updated_at DESC, s.id"
-    return sql + " LIMIT ?", (*params, -1 if limit is None else limit)
 
 
 def _call_row(call: CallRecord, now: str) -> Row:
