@@ -13,6 +13,7 @@ snapshot shows it) and the ledger when it is complete.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -218,26 +219,26 @@ class Session:
             return False
         for message in dropped:
             message.left_out = TRIMMED
-        await self.store.save_messages(self.id, dropped)
         fields = {**report.frame_fields(), "dropped_messages": len(dropped)}
         if reading is not None and "tokens_before" in fields:
             fields["tokens_before"] = reading.history_figure(report.tokens_before)
             fields["tokens_after"] = reading.history_figure(report.tokens_after)
             if budget is not None:
                 fields["token_budget"] = budget
-        frame = self.emit(server_frame("history_trimmed", **fields, **dropped_ids(dropped), turn_id=turn_id))
-        await self.keep_trim(frame)
+        frame = server_frame("history_trimmed", **fields, **dropped_ids(dropped), turn_id=turn_id)
+        await self.keep_trim(frame, dropped)  # the marks and the notice in one write, then told
+        self.emit(frame)
         return True
 
-    async def keep_trim(self, frame: Frame) -> None:
+    async def keep_trim(self, frame: Frame, marked: Sequence[ChatMessage] = ()) -> None:
         """Store the trim with where it happened (its turn, or the last message before it), so a
-        reload puts its notice back in place."""
+        reload puts its notice back in place, with the ``marked`` messages it left out."""
         kept = {k: v for k, v in frame.items() if k not in ("type", "seq")}
         if frame.get("turn_id") is None:
             kept["after_message_id"] = self.transcript[-1].id if self.transcript else None
         kept["created_at"] = utc_now()
         self.trims.append(kept)
-        await self.store.record_trim(self.id, kept)
+        await self.store.record_trim(self.id, kept, marked)
 
     async def set_aside(self, turn_id: str, reason: str) -> list[ChatMessage]:
         """Keep a turn's messages in the transcript but stop sending them (``left_out`` =

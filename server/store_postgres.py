@@ -285,9 +285,14 @@ class PostgresStore:
                 "DO UPDATE SET tokens = excluded.tokens, learned_at = excluded.learned_at",
                 (provider, model, tokens, self._clock.now()))
 
-    async def record_trim(self, session_id: str, trim: Mapping[str, Any]) -> None:
-        """Keep a ``history_trimmed`` event (its fields) so a reload shows the notice again."""
-        await self._put_event("trims", session_id, trim)
+    async def record_trim(self, session_id: str, trim: Mapping[str, Any],
+                          marked: Sequence[ChatMessage] = ()) -> None:
+        """Keep a ``history_trimmed`` event (its fields) so a reload shows the notice again, and save
+        the messages it marked, in one transaction."""
+        documents = [_document(message) for message in marked]
+        async with self._transaction() as conn:
+            await self._put(conn, session_id, documents, _UPSERT)
+            await self._insert_event(conn, "trims", session_id, trim)
 
     async def record_notice(self, session_id: str, notice: Mapping[str, Any]) -> None:
         """Keep a line of the transcript (an error, a notice, a switch) for a reload."""
@@ -295,8 +300,11 @@ class PostgresStore:
 
     async def _put_event(self, table: str, session_id: str, data: Mapping[str, Any]) -> None:
         async with self._transaction() as conn:
-            now = await self._touch(conn, session_id)
-            await conn.execute(_INSERT_EVENT.format(table), (session_id, Json(dict(data)), now))
+            await self._insert_event(conn, table, session_id, data)
+
+    async def _insert_event(self, conn: Conn, table: str, session_id: str, data: Mapping[str, Any]) -> None:
+        now = await self._touch(conn, session_id)
+        await conn.execute(_INSERT_EVENT.format(table), (session_id, Json(dict(data)), now))
 
     async def import_session(self, session: StoredSession) -> None:
         """Write a whole session (from an export) at once; its id must be new."""

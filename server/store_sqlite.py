@@ -318,9 +318,16 @@ class SqliteStore:
                          "DO UPDATE SET tokens = excluded.tokens, learned_at = excluded.learned_at",
                          (provider, model, tokens, self._clock.now()))
 
-    async def record_trim(self, session_id: str, trim: Mapping[str, Any]) -> None:
-        """Keep a ``history_trimmed`` event (its fields) so a reload shows the notice again."""
-        await self._call(self._write, self._put_event, "trims", session_id, _json(dict(trim)))
+    async def record_trim(self, session_id: str, trim: Mapping[str, Any],
+                          marked: Sequence[ChatMessage] = ()) -> None:
+        """Keep a ``history_trimmed`` event (its fields) so a reload shows the notice again, and save
+        the messages it marked, in one transaction."""
+        rows = [_row(message) for message in marked]
+        await self._call(self._write, self._put_trim, session_id, _json(dict(trim)), rows)
+
+    def _put_trim(self, session_id: str, data: str, rows: list[Row]) -> None:
+        self._put_final(session_id, rows)
+        self._put_event("trims", session_id, data)
 
     async def record_notice(self, session_id: str, notice: Mapping[str, Any]) -> None:
         """Keep a line of the transcript (an error, a notice, a switch) for a reload."""

@@ -212,11 +212,13 @@ async def test_store_keeps_trims_and_what_a_reload_draws(store: Store, backend: 
     during = {"reason": "turn_limit", "dropped_turns": 1, "message_ids": ["m0"], "turn_ids": ["t0"],
               "turn_id": "t2"}
     restore = {"reason": "turn_limit", "dropped_turns": 1, "turn_ids": ["t1"], "after_message_id": reply.id}
-    await store.record_trim("s", during)
+    user.left_out = "trimmed"
+    await store.record_trim("s", during, [user])  # the trim and the marks it set, in one write
     await store.record_trim("s", restore)
     session = await store.get_session("s")
     assert session is not None
     assert [message_to_data(m) for m in session.messages] == [message_to_data(user), message_to_data(reply)]
+    assert session.messages[0].left_out == "trimmed"
     assert [{k: v for k, v in t.items() if k != "created_at"} for t in session.trims] == [during, restore]
     assert all(t["created_at"] for t in session.trims)
     await store.delete_session("s")
