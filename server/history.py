@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,6 +143,13 @@ def estimate_history_tokens(
             message, in_current_turn=index >= turn_start, image_token_cost=image_token_cost
         )
     return total
+
+
+def left_out_tokens(messages: Iterable[ChatMessage], image_token_cost: int = DEFAULT_IMAGE_TOKEN_COST) -> int:
+    """Estimated tokens of messages no longer sent, each counted as in an old turn (so a sum that
+    can grow message by message as trims leave more out)."""
+    return sum(m.text_tokens + image_tokens(m, in_current_turn=False, image_token_cost=image_token_cost)
+               for m in messages)
 
 
 def visible(messages: Sequence[ChatMessage]) -> list[ChatMessage]:

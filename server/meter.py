@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.config import ProviderProfile
-from server.history import ChatMessage, estimate_history_tokens
+from server.history import estimate_history_tokens
 from server.ledger import HistoryLedger
 from server.protocol import server_frame
 from server.providers.base import ToolSpec
@@ -153,7 +153,8 @@ class Meter:
                        self.resolver.calibration.ratio(route), anchor, self.reserve)
 
     def frame(self, reading: Reading, ledger: HistoryLedger, reason: str, reported: int | None = None,
-              left_out: Sequence[ChatMessage] = ()) -> dict[str, Any]:
+              trimmed: int = 0) -> dict[str, Any]:
+        """The ``context`` frame; ``trimmed``: the raw tokens trims and compaction left out."""
         preview = self.preview(reading, ledger) if reported is None else None
         if reported is None:
             source = "provider" if reading.counted else "estimate"
@@ -165,7 +166,7 @@ class Meter:
             route_kind=reading.route.kind, estimated_tokens=tokens_used, tokens_source=source,
             context_token_budget=reading.budget, model_context_window=reading.capacity.window,
             window_source=reading.capacity.source, trim_preview=preview, reason=reason,
-            **breakdown(reading, ledger, left_out),
+            **breakdown(reading, ledger, trimmed),
         )
 
     def preview(self, reading: Reading, ledger: HistoryLedger) -> dict[str, int] | None:
@@ -176,13 +177,12 @@ class Meter:
         return {"turns": turns, "tokens": math.ceil(tokens * reading.step_ratio)} if turns else None
 
 
-def breakdown(reading: Reading, ledger: HistoryLedger, left_out: Sequence[ChatMessage]) -> dict[str, Any]:
+def breakdown(reading: Reading, ledger: HistoryLedger, trimmed: int) -> dict[str, Any]:
     """The parts of the figure, each calibrated for the route (the anchor's correction is in none)."""
     messages = ledger.messages()
     cost = ledger.image_token_cost
     system = sum(m.text_tokens for m in messages if m.role == "system")
     images = estimate_history_tokens(messages, cost) - sum(m.text_tokens for m in messages)
-    trimmed = estimate_history_tokens(left_out, cost) if left_out else 0
 
     def scaled(raw: int) -> int:
         return math.ceil(raw * reading.ratio)

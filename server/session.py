@@ -28,6 +28,7 @@ from server.history import (
     TRIMMED,
     ChatMessage,
     estimate_history_tokens,
+    left_out_tokens,
 )
 from server.history_trim import TrimReport, sweep_orphans
 from server.ledger import HistoryLedger
@@ -86,6 +87,7 @@ class Session:
         self.stored = True  # False for a new session until its first message is stored
         self.unsaved: dict[str, ChatMessage] = {}  # replies the store refused, written when it recovers
         self.ledger = HistoryLedger(self._scan(), image_token_cost=image_token_cost)
+        self.trimmed_tokens = self._count_trimmed()  # the meter's "History trimmed", kept current
 
     @property
     def store(self) -> Store:
@@ -151,6 +153,11 @@ class Session:
     def rebuild(self) -> None:
         """Re-read the ledger after marks changed outside a trim (compaction, restore, set-aside)."""
         self.ledger = HistoryLedger(self._scan(), image_token_cost=self.image_token_cost)
+        self.trimmed_tokens = self._count_trimmed()
+
+    def _count_trimmed(self) -> int:
+        trimmed = (m for m in self.transcript if m.left_out in (TRIMMED, TRUNCATED))
+        return left_out_tokens(trimmed, self.image_token_cost)
 
     def to_send(self) -> list[ChatMessage]:
         """What the next provider call sends (the ledger keeps it and its estimate current)."""
@@ -219,6 +226,7 @@ class Session:
             return False
         for message in dropped:
             message.left_out = TRIMMED
+        self.trimmed_tokens += left_out_tokens(dropped, self.image_token_cost)  # they were all sent
         fields = {**report.frame_fields(), "dropped_messages": len(dropped)}
         if reading is not None and "tokens_before" in fields:
             fields["tokens_before"] = reading.history_figure(report.tokens_before)
@@ -291,6 +299,5 @@ class Session:
         """Send the ``context`` frame for ``route``: what the session would send now, or ``reported``."""
         if reading is None:
             reading = await self.read_meter(route)
-        left_out = [m for m in self.transcript if m.left_out in (TRIMMED, TRUNCATED)]
-        self.emit(self.meter.frame(reading, self.ledger, reason, reported, left_out))
+        self.emit(self.meter.frame(reading, self.ledger, reason, reported, self.trimmed_tokens))
         return reading

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from server.channel import FrameChannel
+from server.compaction import TRUNCATED
 from server.events import EventBus
-from server.history import TRIMMED, ChatMessage
+from server.history import TRIMMED, ChatMessage, Image, left_out_tokens
 from server.reply import ReplyWriter
 from server.routing import Route
 from server.session import Session
+from server.stores import open_store
 
 ROUTE = Route("demo", "demo-small", "default")
 
@@ -65,3 +71,29 @@ def test_session_knows_every_message_id_of_its_transcript():
     reply = ChatMessage("assistant", "a", turn_id="t1")
     session = session_of([ChatMessage("user", "q", turn_id="t1", id="u1"), reply])
     assert session.knows("u1") and session.knows(reply.id) and not session.knows("other")
+
+
+@pytest.mark.anyio
+async def test_session_keeps_its_trimmed_figure_current_through_trims_and_rebuilds(tmp_path: Path) -> None:
+    """The meter's "History trimmed" is a running sum (no walk of the transcript per frame): it
+    must stay what a recount of the left-out messages gives."""
+    store = open_store(tmp_path)
+    await store.create_session("s", title="t", route="demo")
+    session = Session("s", "t", ROUTE, [], channel=FrameChannel("s", EventBus()), store=store)
+    for n in range(6):
+        images = [Image("image/png", "aGVsbG8=")] if n % 2 else None
+        session.add(ChatMessage("user", f"question {n} " * 20, turn_id=f"t{n}", images=images),
+                    ChatMessage("assistant", f"answer {n} " * 30, turn_id=f"t{n}"))
+
+    def recount() -> int:
+        return left_out_tokens(m for m in session.transcript if m.left_out in (TRIMMED, TRUNCATED))
+
+    assert session.trimmed_tokens == 0
+    await session.trim(session.ledger.trim_turn_count(4), "t5")
+    await session.trim(session.ledger.trim_turn_count(2), "t5")
+    assert session.trimmed_tokens == recount() > 0
+    session.transcript[8].left_out = TRUNCATED  # compaction marks in place, then rebuilds
+    session.rebuild()
+    assert session.trimmed_tokens == recount()
+    assert session_of(list(session.transcript)).trimmed_tokens == recount()  # restored from the store
+    await store.close()
