@@ -2,9 +2,10 @@
 ``python bench/session.py [--quick]``.
 
 Each round does what ``server.turn.Turn`` does around one provider call: add the user message,
-apply the turn limit and the token budget through the session's ``HistoryLedger``, read the meter
-(estimate and trim preview), assemble the request (``to_send`` + orphan sweep + estimate of what is
-sent), then add the reply. Two series:
+apply the turn limit and the token budget through the session's ``HistoryLedger`` (and the running
+sum of what trims left out), read the meter (estimate, trim preview and the context frame's parts),
+assemble the request (``to_send`` + orphan sweep + estimate of what is sent), then add the reply.
+Two series:
 
 - bounded: the default turn limit (50) keeps what is sent bounded, so the transcript grows (100 to
   10,000 turns, most of them trimmed) while the work should stay flat;
@@ -26,14 +27,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from server.channel import FrameChannel  # noqa: E402
 from server.events import EventBus  # noqa: E402
-from server.history import TRIMMED, ChatMessage, estimate_history_tokens  # noqa: E402
+from server.history import TRIMMED, ChatMessage, estimate_history_tokens, left_out_tokens  # noqa: E402
 from server.history_trim import sweep_orphans  # noqa: E402
-from server.routing import Route  # noqa: E402
+from server.meter import Reading, breakdown  # noqa: E402
+from server.routing import Capacity, Route  # noqa: E402
 from server.session import Session  # noqa: E402
 
 SIZES = (100, 1_000, 10_000)
 ROUNDS = 200
 ROUTE = Route("demo", "demo-small", "default")
+CAPACITY = Capacity(None)
 
 
 def turn(n: int) -> tuple[ChatMessage, ChatMessage]:
@@ -56,8 +59,9 @@ def one_turn(live: Session, n: int, limit: int, budget: int) -> None:
     for report in (live.ledger.trim_turn_count(limit), live.ledger.trim(budget)):
         for message in report.dropped:
             message.left_out = TRIMMED
+        live.trimmed_tokens += left_out_tokens(report.dropped)
     live.ledger.preview(budget)
-    _ = live.ledger.estimate
+    breakdown(Reading(ROUTE, CAPACITY, budget, live.ledger.estimate), live.ledger, live.trimmed_tokens)
     request = sweep_orphans(live.to_send())
     estimate_history_tokens(request)
     live.add(reply)
