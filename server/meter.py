@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from server.config import ProviderProfile
-from server.history import estimate_history_tokens
 from server.ledger import HistoryLedger
 from server.protocol import server_frame
 from server.providers.base import ToolSpec
@@ -179,10 +178,12 @@ class Meter:
 
 def breakdown(reading: Reading, ledger: HistoryLedger, trimmed: int) -> dict[str, Any]:
     """The parts of the figure, each calibrated for the route (the anchor's correction is in none)."""
-    messages = ledger.messages()
-    cost = ledger.image_token_cost
-    system = sum(m.text_tokens for m in messages if m.role == "system")
-    images = estimate_history_tokens(messages, cost) - sum(m.text_tokens for m in messages)
+    text = system = 0
+    for message in ledger.messages():  # one pass: this runs for every context frame
+        text += message.text_tokens
+        if message.role == "system":
+            system += message.text_tokens
+    images = ledger.estimate - text  # the ledger's estimate is estimate_history_tokens of its messages
 
     def scaled(raw: int) -> int:
         return math.ceil(raw * reading.ratio)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from server.meter import Anchor, Reading, next_anchor
+from server.history import ChatMessage, Image, estimate_history_tokens
+from server.ledger import HistoryLedger
+from server.meter import Anchor, Reading, breakdown, next_anchor
 from server.routing import Capacity, Route
 
 ROUTE = Route("p", "m", "default")
@@ -43,3 +45,21 @@ def test_anchor_learns_the_marginal_ratio_and_ignores_small_steps() -> None:
     second = next_anchor(first, 2000, 2200)
     assert second.ratio == pytest.approx(1.3)
     assert next_anchor(second, 2010, 2250).ratio == second.ratio  # a 10-token step says too little
+
+
+def test_breakdown_parts_add_up_to_the_history_estimate() -> None:
+    """System, history and images split the ledger's estimate (images of a tool result count in
+    the current turn only); the trimmed figure is passed in, scaled like the rest."""
+    png = [Image("image/png", "aGVsbG8=")]
+    messages = [ChatMessage("system", "be brief " * 10),
+                ChatMessage("user", "old look", images=png, turn_id="t1"),
+                ChatMessage("assistant", "seen " * 20, turn_id="t1"),
+                ChatMessage("user", "now look", images=png, turn_id="t2"),
+                ChatMessage("tool", "shot", images=png, tool_call_id="c", name="camera", turn_id="t2")]
+    ledger = HistoryLedger(messages, image_token_cost=500)
+    parts = breakdown(reading(ledger.estimate, ratio=2.0), ledger, trimmed=70)
+    text = sum(m.text_tokens for m in messages)
+    assert parts["image_tokens"] == 2 * (estimate_history_tokens(messages, 500) - text) == 2 * 1500
+    assert parts["system_tokens"] == 2 * messages[0].text_tokens
+    assert parts["system_tokens"] + parts["history_tokens"] + parts["image_tokens"] == 2 * ledger.estimate
+    assert parts["trimmed_tokens"] == 140
