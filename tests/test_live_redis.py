@@ -216,7 +216,7 @@ async def test_live_lease_is_exclusive_and_released_only_by_its_holder(redis_ser
 
 
 def test_live_settings_are_read_and_checked():
-    from server.config import settings_from_mapping
+    from server.config_load import settings_from_mapping
     from server.errors import ConfigError
 
     settings = settings_from_mapping({"live": {"url": "redis://127.0.0.1:1/0"}},
