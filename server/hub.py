@@ -28,7 +28,8 @@ from server.errors import BadFrame, Busy, StoreUnavailable, UnknownRoute, Unknow
 from server.history import ChatMessage, Image
 from server.images import decode_images
 from server.lease import Claim
-from server.live_redis import RedisChannel, RedisLive
+from server.live_channel import RedisChannel
+from server.live_redis import RedisLive
 from server.live_turns import LiveTurns
 from server.protocol import EDIT_PREVIEW, ImagePayload, echo, server_frame
 from server.routing import Route
