@@ -35,7 +35,8 @@ from starlette.websockets import WebSocket
 
 from server.access import AccessGuard, redact_tokens_in_logs
 from server.api import EXCEPTION_HANDLERS, ApiState, OnChange, api_routes, error_body
-from server.config import Settings, load_settings
+from server.config import Settings
+from server.config_load import load_settings
 from server.connection import Connection
 from server.events import EventBus, sse_stream
 from server.hub import SessionHub

@@ -6,7 +6,7 @@ every socket sends; no encoding per connection), keeps the recent texts in a siz
 and the frame to the observer bus. ``attach(outbox, last_seq, ...)`` decides what a joining client
 receives first: the frames it missed, or a fresh snapshot when the log no longer reaches back.
 ``emit``, ``join`` (the awaitable ``attach``) and ``detach`` are the whole interface a shared bus
-implements to spread a session over servers: ``live_redis.RedisChannel`` does, on Redis streams.
+implements to spread a session over servers: ``live_channel.RedisChannel`` does, on Redis streams.
 
 Sizes are true, not estimated: the log counts what its texts hold in memory (``sys.getsizeof`` plus
 the deque slot and allocator rounding, measured with bench/memory.py), an outbox counts the bytes
@@ -217,7 +217,7 @@ class FrameChannel:
     async def join(self, outbox: Outbox, last_seq: int | None, *, head: Callable[[int], Frame],
                    snapshot: Callable[[], list[Frame]],
                    turn: tuple[int, Callable[[], list[Frame]]] | None = None) -> bool:
-        """``attach`` for callers that also serve a shared channel (``live_redis.RedisChannel``),
+        """``attach`` for callers that also serve a shared channel (``live_channel.RedisChannel``),
         which reads Redis first; ``turn`` matters only there (a turn running on another instance)."""
         return self.attach(outbox, last_seq, head=head, snapshot=snapshot)
 

@@ -19,7 +19,8 @@ import anyio
 import uvicorn
 
 from server.access import exposure_problem
-from server.config import Settings, load_settings
+from server.config import Settings
+from server.config_load import load_settings
 from server.errors import ConfigError
 from server.routing import RouteResolver
 from server.serving import DrainingServer, redact_logs, uvicorn_options

@@ -1,31 +1,20 @@
-"""Settings: one declarative table, read once from a TOML file and the environment.
+"""Settings: one declarative table, the frozen dataclasses every part of the server reads.
 
 The settings dataclasses are the table: each field that is a setting carries its default and its
 help (``setting(...)``, ``required(...)``), and ``SCHEMA`` and the other schemas are read from them,
-so a default is written in one place.
+so a default is written in one place. ``config_load.load_settings`` fills them from a TOML file and
+the ``METERCHAT_*`` environment, ``config_checks`` holds the rules a value must follow and
+``config_demo`` the embedded offline profile used when no provider is configured.
 
-Every scalar setting of ``[server]``, ``[store]``, ``[live]``, ``[runtime]``,
-``[runtime.history_pruning]`` and ``[runtime.compaction]`` can be overridden by
-``METERCHAT_<SECTION>_<KEY>`` (dots in the section become underscores, e.g.
-``METERCHAT_RUNTIME_HISTORY_PRUNING_ENABLED``); ``METERCHAT_DATA_DIR`` and
-``METERCHAT_DEFAULT_ROUTE`` are short forms. A bad file stops start-up with a ``ConfigError`` naming
-the key. With no file and no providers, the embedded offline ``demo`` provider is the default.
+It imports no other server module: the pure history engine reads its settings from here.
 """
 
 from __future__ import annotations
 
 import os
-import tomllib
-from collections.abc import Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
-from pathlib import Path
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
-
-from server.errors import ConfigError
-
-PROVIDER_KINDS = ("openai", "anthropic", "ollama", "demo")
-COMPACTION_STRATEGIES = ("none", "truncation", "summarization")
 
 
 @dataclass(frozen=True)
@@ -47,15 +36,6 @@ def setting(default: Any, help: str) -> Any:
 def required(help: str) -> Any:
     """A field with no default: a table that leaves it out is refused."""
     return field(metadata={"help": help})
-
-
-# Server bounds that must be positive (idle_timeout_seconds takes 0 for "never").
-_POSITIVE_SERVER_SETTINGS = ("max_outbox_bytes", "max_connections", "hello_timeout_seconds", "frame_rate",
-                             "frame_burst", "header_timeout_seconds", "max_header_bytes",
-                             "history_page_messages", "route_cache_entries")
-# Provider limits that must be positive: 0 would mean "never" or "nothing", not "off".
-_POSITIVE_PROVIDER_SETTINGS = ("idle_timeout_seconds", "max_line_bytes", "max_connections",
-                               "pool_timeout_seconds")
 
 
 @dataclass(frozen=True)
@@ -231,200 +211,3 @@ SCHEMA: dict[str, tuple[Setting, ...]] = {
 PROVIDER_SCHEMA = schema_of(ProviderProfile)
 ROUTE_SCHEMA = schema_of(ModelRoute)
 RULE_SCHEMA = schema_of(ClassifierRule)
-
-
-# The embedded default's hint, so the README's `/hint open ...` works on a fresh start.
-DEMO_ROUTES = ({"hint": "open", "provider": "demo", "model": "demo-open"},)
-DEMO_PROFILE = ProviderProfile(
-    alias="demo", kind="demo", model="demo-small", context_window=4096, models={"demo-open": 0}
-)
-
-
-def _check_type(key: str, value: Any, setting: Setting) -> Any:
-    expected = setting.type
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if expected is int and isinstance(value, bool):
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if not isinstance(value, expected):
-        name = expected.__name__ if isinstance(expected, type) else "value"
-        raise ConfigError(f"{key}: expected {name}, got {type(value).__name__} {value!r}")
-    return value
-
-
-def _read_table(prefix: str, table: Mapping[str, Any], schema: tuple[Setting, ...],
-                skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    known = {setting.name: setting for setting in schema}
-    values: dict[str, Any] = {}
-    for key, value in table.items():
-        if key in skip:
-            continue
-        if key not in known:
-            raise ConfigError(f"{prefix}.{key}: unknown setting")
-        values[key] = _check_type(f"{prefix}.{key}", value, known[key])
-    for setting in schema:
-        values.setdefault(setting.name, setting.default)
-    return values
-
-
-def _type_name(setting: Setting) -> str:
-    kind = setting.type
-    return kind.__name__ if isinstance(kind, type) else " or ".join(t.__name__ for t in kind)
-
-
-def _env_value(raw: str, setting: Setting, name: str) -> Any:
-    try:
-        if setting.type is bool:
-            if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                raise ValueError(raw)
-            return raw.lower() in ("1", "true", "yes", "on")
-        if setting.type is int:
-            return int(raw)
-        if setting.type is float:
-            return float(raw)
-        if setting.type is list:
-            return [part.strip() for part in raw.split(",") if part.strip()]
-    except ValueError as exc:
-        raise ConfigError(f"{name}: cannot read {raw!r} as {_type_name(setting)}") from exc
-    return raw
-
-
-def env_name(section: str, key: str) -> str:
-    return f"METERCHAT_{section.replace('.', '_').upper()}_{key.upper()}"
-
-
-def _apply_env(section: str, values: dict[str, Any], env: Mapping[str, str]) -> None:
-    for setting in SCHEMA[section]:
-        name = env_name(section, setting.name)
-        if name in env:
-            values[setting.name] = _env_value(env[name], setting, name)
-
-
-def _section(data: Mapping[str, Any], path: str) -> Mapping[str, Any]:
-    node: Any = data
-    for part in path.split("."):
-        node = node.get(part, {}) if isinstance(node, Mapping) else {}
-        if not isinstance(node, Mapping):
-            raise ConfigError(f"{path}: expected a table")
-    return node
-
-
-def _read_section(data: Mapping[str, Any], path: str, env: Mapping[str, str]) -> dict[str, Any]:
-    subsections = tuple(p.split(".")[-1] for p in SCHEMA if p.startswith(path + "."))
-    values = _read_table(path, _section(data, path), SCHEMA[path], skip=subsections)
-    _apply_env(path, values, env)
-    return values
-
-
-def _read_providers(data: Mapping[str, Any]) -> dict[str, ProviderProfile]:
-    providers: dict[str, ProviderProfile] = {}
-    for alias, table in _section(data, "providers").items():
-        prefix = f"providers.{alias}"
-        if not isinstance(table, Mapping):
-            raise ConfigError(f"{prefix}: expected a table")
-        values = _read_table(prefix, table, PROVIDER_SCHEMA)
-        if values["kind"] not in PROVIDER_KINDS:
-            raise ConfigError(f"{prefix}.kind: expected one of {', '.join(PROVIDER_KINDS)}, "
-                              f"got {values['kind']!r}")
-        if values["kind"] in ("openai", "anthropic", "ollama") and not values["base_url"]:
-            raise ConfigError(f"{prefix}.base_url: required for kind {values['kind']!r}")
-        for key in _POSITIVE_PROVIDER_SETTINGS:  # a zero limit would refuse or drop every call
-            if values[key] <= 0:
-                raise ConfigError(f"{prefix}.{key}: must be greater than 0, got {values[key]!r}")
-        for model, window in values["models"].items():
-            _check_type(f"{prefix}.models.{model}", window, Setting(model, int, 0, ""))
-        providers[alias] = ProviderProfile(alias=alias, **values)
-    return providers or {"demo": DEMO_PROFILE}
-
-
-def _read_list(data: Mapping[str, Any], key: str, schema: tuple[Setting, ...],
-               prefix: str = "") -> list[dict[str, Any]]:
-    items = data.get(key, [])
-    name = prefix + key
-    if not isinstance(items, list) or not all(isinstance(item, Mapping) for item in items):
-        raise ConfigError(f"{name}: expected an array of tables")
-    rows = []
-    for index, item in enumerate(items):
-        values = _read_table(f"{name}[{index}]", item, schema)
-        for setting in schema:
-            if setting.default is None and values[setting.name] is None:
-                raise ConfigError(f"{name}[{index}].{setting.name}: required")
-            if setting.type is list and not all(isinstance(v, str) for v in values[setting.name]):
-                raise ConfigError(f"{name}[{index}].{setting.name}: expected a list of strings")
-        rows.append(values)
-    return rows
-
-
-def check_route(route: str, providers: Mapping[str, ProviderProfile], key: str) -> None:
-    alias = route.split("/", 1)[0]
-    if alias not in providers:
-        raise ConfigError(f"{key}: names provider {alias!r}, which is not configured "
-                          f"(have: {', '.join(sorted(providers))})")
-
-
-def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None = None,
-                          source: str = "embedded default") -> Settings:
-    env = os.environ if env is None else env
-    allowed = {"server", "store", "live", "runtime", "providers", "default_route", "model_routes",
-               "classifier"}
-    for key in data:
-        if key not in allowed:
-            raise ConfigError(f"{key}: unknown setting")
-    classifier = _section(data, "classifier")
-    for key in classifier:
-        if key != "rules":
-            raise ConfigError(f"classifier.{key}: unknown setting")
-    server = _read_section(data, "server", env)
-    for key in _POSITIVE_SERVER_SETTINGS:  # a zero bound would refuse everything, not switch it off
-        if server[key] <= 0:
-            raise ConfigError(f"server.{key}: must be greater than 0, got {server[key]!r}")
-    if "METERCHAT_DATA_DIR" in env:
-        server["data_dir"] = env["METERCHAT_DATA_DIR"]
-    runtime = _read_section(data, "runtime", env)
-    runtime["history_pruning"] = HistoryPruning(**_read_section(data, "runtime.history_pruning", env))
-    compaction = _read_section(data, "runtime.compaction", env)
-    if compaction["strategy"] not in COMPACTION_STRATEGIES:
-        raise ConfigError(f"runtime.compaction.strategy: expected one of "
-                          f"{', '.join(COMPACTION_STRATEGIES)}, got {compaction['strategy']!r}")
-    target, trigger = compaction["target_tokens"], compaction["tokens_exceed"]
-    if target is not None and trigger > 0 and not 0 < target <= trigger:
-        raise ConfigError(f"runtime.compaction.target_tokens: expected 0 < target_tokens <= tokens_exceed "
-                          f"({trigger:,}), got {target:,}")
-    runtime["compaction"] = CompactionSettings(**compaction)
-    providers = _read_providers(data)
-    default_route = env.get("METERCHAT_DEFAULT_ROUTE", data.get("default_route", next(iter(providers))))
-    if not isinstance(default_route, str):
-        raise ConfigError(f"default_route: expected str, got {default_route!r}")
-    check_route(default_route, providers, "default_route")
-    rows = _read_list(data, "model_routes", ROUTE_SCHEMA)
-    if not rows and providers.get("demo") is DEMO_PROFILE:
-        rows = [dict(row) for row in DEMO_ROUTES]
-    routes = [ModelRoute(**row) for row in rows]
-    for index, route in enumerate(routes):
-        check_route(route.provider, providers, f"model_routes[{index}].provider")
-    rules = [ClassifierRule(**row) for row in _read_list(classifier, "rules", RULE_SCHEMA, "classifier.")]
-    return Settings(ServerSettings(**server), RuntimeSettings(**runtime), providers, default_route,
-                    routes, rules, source, StoreSettings(**_read_section(data, "store", env)),
-                    _read_live(data, env))
-
-
-def _read_live(data: Mapping[str, Any], env: Mapping[str, str]) -> LiveSettings:
-    live = _read_section(data, "live", env)
-    for key in ("lease_ttl_ms", "stream_max_frames"):
-        if live[key] <= 0:
-            raise ConfigError(f"live.{key}: expected a positive integer, got {live[key]!r}")
-    return LiveSettings(**live)
-
-
-def load_settings(path: str | os.PathLike[str] | None = None,
-                  env: Mapping[str, str] | None = None) -> Settings:
-    if path is None:
-        return settings_from_mapping({}, env)
-    file = Path(path)
-    try:
-        data = tomllib.loads(file.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ConfigError(f"config file {file} does not exist") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {file}: {exc}") from exc
-    return settings_from_mapping(data, env, source=str(file))

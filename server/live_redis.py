@@ -1,4 +1,4 @@
-"""The live side shared by several instances through Redis (``[live] url``).
+"""The instance's connection to the live side shared by several instances (``[live] url``).
 
 Per session, three keys and a pub/sub channel (``lease.py`` adds two keys for turns):
 
@@ -8,19 +8,14 @@ Per session, three keys and a pub/sub channel (``lease.py`` adds two keys for tu
                               ``<seq>-0``, fields ``f`` (the frame as JSON, without seq), ``o`` (instance)
     meterchat:s:<id>:live     pub/sub: ``<seq>|<instance>|<frame JSON>`` for each frame, as appended
 
-``RedisChannel.emit`` queues the frame; one flusher per instance sends every queued frame in one
-pipelined round trip (the append script: INCR + XADD + PUBLISH), so a streaming turn never waits on
-Redis and a busy instance pays well under one round trip per chunk. Local clients get each frame
-the moment its seq is known when nothing can be missing before it; otherwise (frames of other
-instances) from the session's live channel, which every instance with a local client of the session
-subscribes to: pushes, so watching costs no round trip per frame. Seqs are dense, so a gap shows
-what pub/sub dropped, and the stream fills it (also right after subscribing). The same pub/sub
-connection feeds the observer bus (``/events`` on every instance) and the instance's control
-channel (``stop`` from another instance). A watchdog looks for turns whose instance died
-(``lease.TurnLease.orphaned``).
-
-When Redis goes away, local clients get a ``live_unavailable`` error and their sockets close, so they
-reconnect and resume (or get the error again) instead of waiting on a stream that says nothing.
+``RedisLive`` makes each session's ``RedisChannel`` (live_channel.py) and runs, per instance, the
+appender that writes frames (live_append.py), the listener and a watchdog. Frames of other instances
+reach local clients from the session's live channel, which every instance with a local client of the
+session subscribes to: pushes, so watching costs no round trip per frame. Seqs are dense, so a gap
+shows what pub/sub dropped, and the stream fills it (also right after subscribing). The same pub/sub
+connection feeds the observer bus (``/events`` on every instance) and the instance's control channel
+(``stop`` from another instance). The watchdog looks for turns whose instance died
+(``lease.TurnLease.orphaned``). When Redis goes away, every watched channel is ``lost``.
 """
 
 from __future__ import annotations
@@ -37,182 +32,29 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
-from server.channel import Frame, FrameChannel, Outbox, Packet
+from server.channel import Frame
 from server.config import LiveSettings
-from server.errors import error_frame
-from server.events import OBSERVED_TYPES, EventBus
-from server.lease import PREFIX, Claim, InstanceLost, LiveUnavailable, TurnLease, session_key
+from server.events import EventBus
+from server.lease import PREFIX, Claim, LiveUnavailable, TurnLease, session_key
+from server.live_append import EVENTS_CHANNEL, Appender
+from server.live_channel import RedisChannel
 from server.live_shared import SharedCalibrations, SharedWindows
 from server.routing import RouteResolver
 
-__all__ = ["InstanceLost", "LiveUnavailable", "RedisChannel", "RedisLive"]
-
 log = logging.getLogger(__name__)
 
-EVENTS_CHANNEL = PREFIX + "events"
-STREAM_TTL_MS = 24 * 3600 * 1000  # an idle session's stream and counter leave Redis after a day
 RETRY_SECONDS = 0.5
 POOL_SIZE, POOL_WAIT_SECONDS = 100, 5.0  # connections per instance; a call's wait for a free one
-
-# The expiry is renewed on a session's first frame and every EXPIRY_EVERY frames after it, not on
-# each: two PEXPIREs per frame were a third of the commands Redis ran (bench/load.py --instances),
-# and a day's TTL does not care about the last few frames.
-EXPIRY_EVERY = 64
-_APPEND = """
-local seq = redis.call('INCR', KEYS[1])
-local fresh = seq == 1
-if fresh then
-  local now = redis.call('TIME')
-  seq = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  redis.call('SET', KEYS[1], string.format('%.0f', seq))
-end
-local id = string.format('%.0f', seq)
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], id .. '-0', 'f', ARGV[2], 'o', ARGV[3])
-if fresh or seq % """ + str(EXPIRY_EVERY) + """ == 0 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
-  redis.call('PEXPIRE', KEYS[2], ARGV[4])
-end
-redis.call('PUBLISH', KEYS[3], id .. '|' .. ARGV[3] .. '|' .. ARGV[2])
-if ARGV[5] ~= '' then redis.call('PUBLISH', ARGV[5], '{"seq": ' .. id .. ', "event": ' .. ARGV[6] .. '}') end
-return seq
-"""
 
 
 def control_channel(instance: str) -> str:
     return f"{PREFIX}control:{instance}"
 
 
-class RedisChannel(FrameChannel):
-    """A session's frames through Redis: same ``emit``/``join``/``detach`` as ``FrameChannel``.
-
-    ``seq`` is the last frame delivered to this instance's outboxes, in stream order; each outbox
-    has a floor (the seq its first frames reached), below which later deliveries skip it.
-    ``stale`` says another instance changed the session since it was loaded here.
-    """
-
-    def __init__(self, session_id: str, live: RedisLive) -> None:
-        super().__init__(session_id, live.bus)
-        self.live = live
-        self.floors: dict[Outbox, int] = {}
-        self.assigned_max = 0  # the highest seq given to a frame emitted here
-        self.pending = 0  # frames emitted here still waiting for their seq
-        self._settled = anyio.Event()
-        self._settled.set()
-        self.stale = False
-
-    def emit(self, frame: Frame) -> Frame:
-        if self.pending == 0:
-            self._settled = anyio.Event()
-        self.pending += 1
-        self.live.enqueue(self, frame)
-        return frame
-
-    def assigned(self, frame: Frame, seq: int | None) -> None:
-        """The flusher's answer: ``frame`` got ``seq`` (None: it never reached Redis)."""
-        self.pending -= 1
-        if self.pending == 0:
-            self._settled.set()
-        if seq is None:
-            return
-        frame["seq"] = seq
-        self.assigned_max = max(self.assigned_max, seq)
-        if not self.floors:
-            self.seq = max(self.seq, seq)
-        elif seq == self.seq + 1:  # nothing can be missing before it: no need to wait for the tail
-            self.deliver(frame)
-
-    def arrived(self, seq: int, origin: str, body: str) -> None:
-        """A frame from the session's live channel or its stream, in seq order."""
-        if seq <= self.seq:
-            return
-        if origin != self.live.instance:
-            self.stale = True
-        self.deliver({**json.loads(body), "seq": seq})
-
-    def deliver(self, frame: Frame) -> None:
-        self.seq = frame["seq"]
-        packet = Packet.of(frame)  # serialized once for every local socket and the log
-        self.log.append(self.seq, packet.text)
-        for outbox, floor in self.floors.items():
-            if self.seq > floor:
-                outbox.push(packet)
-
-    async def settle(self) -> None:
-        """Wait until every frame emitted here has its seq (so memory and stream agree)."""
-        while self.pending:
-            await self._settled.wait()
-
-    async def join(self, outbox: Outbox, last_seq: int | None, *, head: Callable[[int], Frame],
-                   snapshot: Callable[[], list[Frame]],
-                   turn: tuple[int, Callable[[], list[Frame]]] | None = None) -> bool:
-        """Replay from Redis after ``last_seq``; else, for a turn running elsewhere, a snapshot
-        without it and its frames from ``turn[0]``; else a snapshot. True when it was a replay."""
-        if last_seq is not None:
-            got = await self.live.read_after(self.session_id, last_seq)
-            if got is not None and self._replay(outbox, got, [head(last_seq)]):
-                return True
-        if turn is not None:
-            start, before = turn
-            got = await self.live.read_after(self.session_id, start)
-            if got is not None and self._replay(outbox, got, [head(start), *stamped(before(), start)]):
-                return False
-        end = await self.live.head_seq(self.session_id)
-        await self.settle()
-        floor = max(end, self.seq, self.assigned_max)
-        self._add(outbox, [Packet.of(frame) for frame in (head(floor), *stamped(snapshot(), floor))], floor)
-        return False
-
-    def _replay(self, outbox: Outbox, got: tuple[list[Frame], int], first: list[Frame]) -> bool:
-        frames, end = got
-        packets = [Packet.of(frame) for frame in first + frames]
-        if self.seq > end:  # delivered here while Redis was being read
-            missing = self.log.after(end)
-            if missing is None:
-                return False
-            packets, end = packets + missing, self.seq
-        self._add(outbox, packets, end)
-        return True
-
-    def _add(self, outbox: Outbox, first: list[Packet], floor: int) -> None:
-        for packet in first:
-            outbox.push(packet)
-        if not self.floors:
-            self.seq = max(self.seq, floor)
-            self.live.watch(self)
-        self.floors[outbox] = floor
-
-    def attach(self, outbox: Outbox, last_seq: int | None, *, head: Callable[[int], Frame],
-               snapshot: Callable[[], list[Frame]]) -> bool:
-        raise TypeError("a RedisChannel reads Redis to attach a client: use `await join(...)`")
-
-    def detach(self, outbox: Outbox) -> bool:
-        self.floors.pop(outbox, None)
-        if not self.floors:
-            self.live.unwatch(self)
-        return not self.floors
-
-    @property
-    def watched(self) -> bool:
-        return bool(self.floors)
-
-    def lost(self, exc: BaseException) -> None:
-        """Redis failed under this channel: tell its clients and close their sockets to resume."""
-        body = {**error_frame(LiveUnavailable(f"the live stream is unavailable ({exc}); reconnecting")),
-                "seq": self.seq}
-        packet = Packet.of(body)
-        for outbox in list(self.floors):
-            outbox.push(packet)
-            outbox.end("the live stream is unavailable; reconnect with last_seq")
-
-
-def stamped(frames: list[Frame], seq: int) -> list[Frame]:
-    return [{**frame, "seq": seq} for frame in frames]
-
-
 class RedisLive:
-    """The instance's connection to the shared live side: flusher, tail, pub/sub and watchdog."""
+    """The instance's connection to the shared live side: appender, listener and watchdog."""
 
     def __init__(self, settings: LiveSettings, bus: EventBus, instance: str | None = None) -> None:
         # Calls beyond the pool wait for a connection: redis-py's default pool raised "Too many
@@ -222,16 +64,11 @@ class RedisLive:
             max_connections=POOL_SIZE, timeout=POOL_WAIT_SECONDS))
         self.instance = instance or uuid.uuid4().hex[:12]
         self.bus = bus
-        self.max_frames = settings.stream_max_frames
+        self.appender = Appender(self.redis, self.instance, settings.stream_max_frames)
         self.lease = TurnLease(self.redis, self.instance, settings.lease_ttl_ms)
         self.on_control: Callable[[dict[str, Any]], None] = lambda message: None
         self.on_orphan: Callable[[str, Claim], None] = lambda session_id, claim: None
         self.watched: dict[str, RedisChannel] = {}
-        self.round_trips = 0  # appends sent (one per flush); with frames_sent, the cost per frame
-        self.frames_sent = 0
-        self._queue: list[tuple[RedisChannel, Frame]] = []
-        self._queued = anyio.Event()
-        self._append_sha = ""
         self._pubsub: PubSub | None = None
         self._tasks: TaskGroup | None = None
 
@@ -243,7 +80,7 @@ class RedisLive:
     async def start(self, tasks: TaskGroup, resolver: RouteResolver | None = None) -> None:
         """Load the append script and run the loops; with ``resolver``, its calibration is shared."""
         try:
-            self._append_sha = await self.redis.script_load(_APPEND)
+            await self.appender.load()
             if resolver is not None:
                 shared = SharedCalibrations(self.redis, tasks, self.instance)
                 await shared.load()
@@ -254,17 +91,16 @@ class RedisLive:
         except RedisError as exc:
             raise LiveUnavailable(f"live.url: cannot reach Redis ({exc})") from exc
         self._tasks = tasks
-        for loop in (self._flush_loop, self._listen_loop, self._watchdog_loop):
+        for loop in (self.appender.run, self._listen_loop, self._watchdog_loop):
             tasks.start_soon(loop)
 
     async def aclose(self) -> None:
         await self.redis.aclose()
 
-    # --- frames out -----------------------------------------------------------------------------
+    # --- channels -------------------------------------------------------------------------------
 
     def enqueue(self, channel: RedisChannel, frame: Frame) -> None:
-        self._queue.append((channel, frame))
-        self._queued.set()
+        self.appender.enqueue(channel, frame)
 
     def watch(self, channel: RedisChannel) -> None:
         """A local client joined: subscribe to the session's live channel (the listener catches
@@ -289,46 +125,6 @@ class RedisLive:
                 log.warning("live: %s %s failed: %s", command, session_id, exc)
 
         tasks.start_soon(send)
-
-    async def _flush_loop(self) -> None:
-        while True:
-            await self._queued.wait()
-            self._queued = anyio.Event()
-            batch, self._queue = self._queue, []
-            try:
-                seqs = await self._append(batch)
-            except RedisError as exc:
-                log.warning("live: %d frames not sent: %s", len(batch), exc)
-                for channel in {channel for channel, _ in batch}:
-                    channel.lost(exc)
-                seqs = [None] * len(batch)
-            for (channel, frame), seq in zip(batch, seqs, strict=True):
-                channel.assigned(frame, seq)
-
-    async def _append(self, batch: list[tuple[RedisChannel, Frame]]) -> list[int | None]:
-        for attempt in (1, 2):
-            try:
-                return await self._send(batch)
-            except NoScriptError:  # Redis restarted empty: load the script again, once
-                if attempt == 2:
-                    raise
-                self._append_sha = await self.redis.script_load(_APPEND)
-        return []
-
-    async def _send(self, batch: list[tuple[RedisChannel, Frame]]) -> list[int | None]:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for channel, frame in batch:
-                sid = channel.session_id
-                event = json.dumps({"session_id": sid, "frame": frame}) if frame.get("type") in \
-                    OBSERVED_TYPES else ""
-                keys = [session_key(sid, part) for part in ("seq", "frames", "live")]
-                body = json.dumps(frame, ensure_ascii=False)
-                pipe.evalsha(self._append_sha, 3, *keys, self.max_frames, body, self.instance, STREAM_TTL_MS,
-                             EVENTS_CHANNEL if event else "", event)
-            replies = await pipe.execute()
-        self.round_trips += 1
-        self.frames_sent += len(batch)
-        return [int(seq) for seq in replies[:len(batch)]]
 
     # --- frames in ------------------------------------------------------------------------------
 

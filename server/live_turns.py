@@ -43,7 +43,7 @@ class LiveTurns:
         """Keep only sessions watched or running here: another instance may change the rest, so
         they are read from the store again when next opened."""
         if session.channel.watched or session.turn is not None or session.unsaved:
-            return  # a reply the store refused stays until _write_unsaved writes it
+            return  # a reply the store refused stays until UnsavedWriter writes it
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
 

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.config import DEMO_PROFILE, load_settings, settings_from_mapping
+from server.config_demo import DEMO_PROFILE
+from server.config_load import load_settings, settings_from_mapping
 from server.errors import ConfigError
 
 

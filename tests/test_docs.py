@@ -7,7 +7,8 @@ import re
 import tomllib
 from pathlib import Path
 
-from server.config import PROVIDER_SCHEMA, ROUTE_SCHEMA, RULE_SCHEMA, SCHEMA, env_name
+from server.config import PROVIDER_SCHEMA, ROUTE_SCHEMA, RULE_SCHEMA, SCHEMA
+from server.config_load import env_name
 from server.protocol import CLIENT_FRAMES, SERVER_FRAMES, field_names
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -68,7 +69,7 @@ def test_docs_configuration_names_every_environment_variable():
 
 
 def test_docs_examples_are_valid_settings():
-    from server.config import settings_from_mapping
+    from server.config_load import settings_from_mapping
     from server.routing import RouteResolver
 
     readme = (DOCS.parent / "README.md").read_text()

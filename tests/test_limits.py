@@ -13,7 +13,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from server.app import create_app
-from server.config import settings_from_mapping
+from server.config_load import settings_from_mapping
 from server.errors import ConfigError
 from server.history import ChatMessage
 from server.limits import TokenBucket

@@ -20,7 +20,8 @@ from redis.asyncio import Redis
 from server.config import LiveSettings
 from server.events import EventBus
 from server.lease import TurnLease
-from server.live_redis import POOL_SIZE, RedisChannel, RedisLive
+from server.live_channel import RedisChannel
+from server.live_redis import POOL_SIZE, RedisLive
 from tests.redis_support import RedisServer
 from tests.support import SLOW_DEMO, client, of_type, serve, settings_for, text_of
 
@@ -62,7 +63,7 @@ async def test_live_a_sessions_keys_expire_and_their_expiry_is_not_renewed_per_f
     """The stream and its counter leave Redis a day after the session goes quiet; the expiry is
     set with the first frame and renewed every EXPIRY_EVERY frames, not once per frame."""
     from server.lease import session_key
-    from server.live_redis import EXPIRY_EVERY, STREAM_TTL_MS
+    from server.live_append import EXPIRY_EVERY, STREAM_TTL_MS
 
     redis = Redis.from_url(redis_server.url, decode_responses=True)
     before = (await redis.info("commandstats")).get("cmdstat_pexpire", {}).get("calls", 0)
@@ -186,7 +187,7 @@ async def test_live_seq_stays_increasing_across_instances_and_a_counter_lost_wit
         tasks.cancel_scope.cancel()
     assert len(set(seqs)) == 100 and later["seq"] > seqs[-1] and end == later["seq"]
     assert [frame["seq"] for frame in got] == seqs[1:] + [later["seq"]]
-    assert first.round_trips < first.frames_sent  # queued frames share a round trip
+    assert first.appender.round_trips < first.appender.frames_sent  # queued frames share a round trip
     for live in (first, second):
         await live.aclose()
 
@@ -216,7 +217,7 @@ async def test_live_lease_is_exclusive_and_released_only_by_its_holder(redis_ser
 
 
 def test_live_settings_are_read_and_checked():
-    from server.config import settings_from_mapping
+    from server.config_load import settings_from_mapping
     from server.errors import ConfigError
 
     settings = settings_from_mapping({"live": {"url": "redis://127.0.0.1:1/0"}},

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.config import ProviderProfile, settings_from_mapping
+from server.config import ProviderProfile
+from server.config_load import settings_from_mapping
 from server.errors import ConfigError
 from server.history import ChatMessage
 from server.providers import build_provider

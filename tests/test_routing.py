@@ -9,7 +9,8 @@ import pytest
 
 from server import routing
 from server.budget import FALLBACK_WINDOW
-from server.config import RuntimeSettings, Settings, settings_from_mapping
+from server.config import RuntimeSettings, Settings
+from server.config_load import settings_from_mapping
 from server.errors import ConfigError, UnknownRoute
 from server.providers.base import Provider, ProviderRequest, StreamEvent, TextDelta, WindowInfo
 from server.routing import Capacity, Route, RouteResolver

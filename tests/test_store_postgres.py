@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from server.config import settings_from_mapping
+from server.config_load import settings_from_mapping
 from server.errors import ConfigError, StoreUnavailable
 from server.history import ChatMessage
 from server.store_postgres import PostgresStore

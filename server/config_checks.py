@@ -1,0 +1,79 @@
+"""The rules a setting's value must follow beyond its key being known.
+
+A value of the wrong type, a bound of 0 where 0 would refuse everything, a provider kind or a
+compaction strategy that does not exist, a route naming a provider that is not configured: each is
+a ``ConfigError`` naming the key, so start-up says which line of the file to fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from server.config import ProviderProfile, Setting
+from server.errors import ConfigError
+
+PROVIDER_KINDS = ("openai", "anthropic", "ollama", "demo")
+COMPACTION_STRATEGIES = ("none", "truncation", "summarization")
+
+# Server bounds that must be positive (idle_timeout_seconds takes 0 for "never").
+POSITIVE_SERVER_SETTINGS = ("max_outbox_bytes", "max_connections", "hello_timeout_seconds", "frame_rate",
+                            "frame_burst", "header_timeout_seconds", "max_header_bytes",
+                            "history_page_messages", "route_cache_entries")
+# Provider limits that must be positive: 0 would mean "never" or "nothing", not "off".
+POSITIVE_PROVIDER_SETTINGS = ("idle_timeout_seconds", "max_line_bytes", "max_connections",
+                              "pool_timeout_seconds")
+POSITIVE_LIVE_SETTINGS = ("lease_ttl_ms", "stream_max_frames")
+
+
+def check_type(key: str, value: Any, setting: Setting) -> Any:
+    """``value`` as ``setting`` takes it (an int where a float goes becomes a float)."""
+    expected = setting.type
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is int and isinstance(value, bool):
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if not isinstance(value, expected):
+        name = expected.__name__ if isinstance(expected, type) else "value"
+        raise ConfigError(f"{key}: expected {name}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_positive(prefix: str, values: Mapping[str, Any], keys: tuple[str, ...]) -> None:
+    for key in keys:  # a zero bound would refuse everything, not switch it off
+        if values[key] <= 0:
+            raise ConfigError(f"{prefix}.{key}: must be greater than 0, got {values[key]!r}")
+
+
+def check_provider(prefix: str, values: Mapping[str, Any]) -> None:
+    if values["kind"] not in PROVIDER_KINDS:
+        raise ConfigError(f"{prefix}.kind: expected one of {', '.join(PROVIDER_KINDS)}, "
+                          f"got {values['kind']!r}")
+    if values["kind"] in ("openai", "anthropic", "ollama") and not values["base_url"]:
+        raise ConfigError(f"{prefix}.base_url: required for kind {values['kind']!r}")
+    check_positive(prefix, values, POSITIVE_PROVIDER_SETTINGS)
+    for model, window in values["models"].items():
+        check_type(f"{prefix}.models.{model}", window, Setting(model, int, 0, ""))
+
+
+def check_compaction(compaction: Mapping[str, Any]) -> None:
+    if compaction["strategy"] not in COMPACTION_STRATEGIES:
+        raise ConfigError(f"runtime.compaction.strategy: expected one of "
+                          f"{', '.join(COMPACTION_STRATEGIES)}, got {compaction['strategy']!r}")
+    target, trigger = compaction["target_tokens"], compaction["tokens_exceed"]
+    if target is not None and trigger > 0 and not 0 < target <= trigger:
+        raise ConfigError(f"runtime.compaction.target_tokens: expected 0 < target_tokens <= tokens_exceed "
+                          f"({trigger:,}), got {target:,}")
+
+
+def check_live(live: Mapping[str, Any]) -> None:
+    for key in POSITIVE_LIVE_SETTINGS:
+        if live[key] <= 0:
+            raise ConfigError(f"live.{key}: expected a positive integer, got {live[key]!r}")
+
+
+def check_route(route: str, providers: Mapping[str, ProviderProfile], key: str) -> None:
+    alias = route.split("/", 1)[0]
+    if alias not in providers:
+        raise ConfigError(f"{key}: names provider {alias!r}, which is not configured "
+                          f"(have: {', '.join(sorted(providers))})")

@@ -1,0 +1,148 @@
+"""The cache of open sessions: finds a session, creates one, or loads it from the store.
+
+The store holds every session; memory holds the recently opened ones, at most
+``MAX_CACHED_SESSIONS`` beyond those in use (watched, running a turn, or holding what the store
+refused). A session loaded from the store is restored (restore.py). In live mode (``[live] url``)
+a session's channel is a ``RedisChannel``, and a cached session another instance changed (its
+channel went ``stale``) is read from the store again before it is used here.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import anyio
+
+from server.channel import FrameChannel
+from server.errors import UnknownSession
+from server.history import ChatMessage
+from server.live_channel import RedisChannel
+from server.live_redis import RedisLive
+from server.protocol import echo
+from server.restore import Restores
+from server.routing import Route
+from server.runtime import Runtime
+from server.session import Session, utc_now
+from server.store import StoredSession
+
+DEFAULT_TITLE = "New chat"
+MAX_CACHED_SESSIONS = 128  # with FRAME_LOG_BYTES, bounds the frame logs to about 256 MiB
+
+
+def new_session_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+class SessionCache:
+    def __init__(self, rt: Runtime, live: RedisLive | None) -> None:
+        self.rt = rt
+        self.live = live
+        self.sessions: dict[str, Session] = {}
+        self.restores = Restores(rt, live)
+        self._lock = anyio.Lock()
+
+    async def open(self, session_id: str | None) -> Session:
+        """The session ``session_id`` names (cached, or from the store), or a new one."""
+        async with self._lock:
+            session = self.sessions.pop(session_id, None) if session_id else None
+            if session is not None:
+                self.sessions[session.id] = session
+                session = await self.current(session)
+            if session is None and session_id:
+                session = await self._load(session_id)
+            if session is None:
+                session = await self._create()
+            self.sessions[session.id] = session  # most recently opened last
+            self._evict_idle()
+            return session
+
+    def _evict_idle(self) -> None:
+        """Keep the cache bounded: the store holds every session, memory only the recent ones. An
+        evicted session's frame log goes with it; a client resuming it gets a fresh snapshot."""
+        excess = len(self.sessions) - MAX_CACHED_SESSIONS
+        for session_id, session in list(self.sessions.items()):
+            if excess <= 0:
+                return
+            if (not session.channel.watched and session.turn is None and not session.unsaved
+                    and not session.notices.unsaved):
+                del self.sessions[session_id]
+                self.restores.forget(session_id)
+                excess -= 1
+
+    def cached(self, session: Session) -> Session:
+        """The cache's copy of ``session`` (a client may still hold one the cache has replaced)."""
+        return self.sessions.get(session.id, session)
+
+    async def current(self, session: Session) -> Session:
+        """The cached session, reloaded from the store when another instance changed it (its
+        frames came through the shared stream) and no turn runs on it here."""
+        cached = self.cached(session)
+        channel = cached.channel
+        if (not isinstance(channel, RedisChannel) or not channel.stale or cached.turn or cached.unsaved
+                or cached.notices.unsaved):
+            return cached
+        channel.stale = False
+        fresh = await self._load(cached.id, channel=channel)
+        if fresh is None:
+            return cached
+        self.sessions[fresh.id] = fresh
+        return fresh
+
+    def shared_channel(self, session_id: str) -> FrameChannel | None:
+        """The channel of a session not cached here, when other instances may have it open."""
+        return self.live.channel(session_id) if self.live is not None else None
+
+    async def messages_of(self, session_id: str) -> list[ChatMessage]:
+        """A session's transcript: the open copy when cached, else the store's (an image URL)."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            return session.transcript
+        stored = await self.rt.store.get_session(session_id)
+        if stored is None:
+            raise UnknownSession(f"no session {echo(session_id)}")
+        return stored.messages
+
+    async def store_new(self, session: Session) -> None:
+        """Store a session created here, with what it holds so far (a no-op once stored)."""
+        if session.stored:
+            return
+        await self.rt.store.create_session(session.id, title=session.title, route=session.route.name)
+        session.stored = True
+        if session.transcript:
+            await self.rt.store.append_messages(session.id, list(session.transcript))
+        await session.save_notices()  # a /model answered before the first message
+
+    def _new(self, session_id: str, title: str, route: Route, transcript: list[ChatMessage],
+             first_seq: int = 0, stored: StoredSession | None = None,
+             channel: FrameChannel | None = None) -> Session:
+        if channel is None:
+            channel = self.live.channel(session_id) if self.live else FrameChannel(session_id, self.rt.bus,
+                                                                                    first_seq)
+        return Session(session_id, title, route, transcript, channel=channel, store=self.rt.store,
+                       meter=self.rt.meter, image_token_cost=self.rt.options.image_token_cost,
+                       calls=stored.calls if stored else None, trims=stored.trims if stored else None,
+                       notices=stored.notices if stored else None)
+
+    async def _create(self) -> Session:
+        route = self.rt.resolver.default_route()
+        session = self._new(new_session_id(), DEFAULT_TITLE, route, [])
+        session.stored = False  # stored with its first message: an opened page leaves no empty session
+        if self.rt.options.system_prompt:
+            session.add(ChatMessage("system", self.rt.options.system_prompt, created_at=utc_now()))
+        if self.live is not None:
+            # Several instances: another one can only open the session from the store, so an empty
+            # session is stored at once (the price of a load balancer: an opened page leaves a row).
+            await self.store_new(session)
+        return session
+
+    async def _load(self, session_id: str, channel: FrameChannel | None = None) -> Session | None:
+        stored = await self.rt.store.get_session(session_id)
+        if stored is None:
+            return None
+        # A reloaded session numbers its frames from now (in microseconds), above anything an earlier
+        # incarnation sent, so a client's old last_seq can never be mistaken for one of these.
+        session = self._new(stored.id, stored.title, self.restores.route(stored.route), stored.messages,
+                            first_seq=time.time_ns() // 1000, stored=stored, channel=channel)
+        await self.restores.restored(session)
+        return session
