@@ -9,8 +9,9 @@
 
 A summary is ``{id, title, route, created_at, updated_at, message_count}``. Every error is
 ``{"error": {"code", "message"}}`` (``error_body``): 400 bad input, 404 unknown session, 409 id
-taken, 413 body over its limit, 408 a body not complete within ``BODY_SECONDS``, 503 ``busy`` when
-the bodies being read at once would pass ``MAX_READING_BYTES``; routes raise ``ClientError`` and
+taken, 413 body over its limit (an import: ``server.max_import_bytes``), 408 a body not complete
+within ``BODY_SECONDS``, 503 ``busy`` when the bodies being read at once would pass the ``Reading``
+bound (``MAX_READING_BYTES``, or one whole import when that is larger); routes raise ``ClientError`` and
 the application's ``EXCEPTION_HANDLERS`` render it. Authentication is the application's
 middleware, not this module's.
 
@@ -39,7 +40,7 @@ from server.protocol import echo
 from server.store import SessionSummary, Store
 
 OnChange = Callable[[str, str], Awaitable[None]]
-MAX_IMPORT_BYTES = 32 * 1024 * 1024  # a long session with a few images
+MAX_IMPORT_BYTES = 32 * 1024 * 1024  # tests' default; the server passes server.max_import_bytes
 MAX_PATCH_BYTES = 64 * 1024
 MAX_TITLE_CHARS = 200
 MAX_LIST_LIMIT = 500
@@ -47,7 +48,7 @@ MAX_QUERY_CHARS = 200
 MAX_ID_CHARS = 200  # longer than any id this server makes or imports
 # A body is held whole until it is parsed: without these, clients sending all but the last byte of
 # a 32 MiB import on each of the server's connections held 32 MiB each, for ever.
-MAX_READING_BYTES = 64 * 1024 * 1024  # bodies being read at once, over the whole process
+MAX_READING_BYTES = 64 * 1024 * 1024  # bodies being read at once (at least one whole import)
 BODY_SECONDS = 60.0  # a 32 MiB import over a link of 0.5 MiB/s
 _STATUS = ((UnknownSession, 404), (SessionExists, 409), (TooLarge, 413), (SlowBody, 408), (Busy, 503),
            (ClientError, 400))
@@ -87,7 +88,7 @@ class Reading:
         self.limit = limit
         self.used = 0
 
-    async def body(self, request: Request[Any], limit: int) -> bytearray:
+    async def body(self, request: Request[Any], limit: int, named: str = "") -> bytearray:
         """The body, refused (413) past ``limit``, (503) past the shared bound, (408) if slow."""
         body = bytearray()
         try:
@@ -96,7 +97,7 @@ class Reading:
                     self.take(len(chunk))
                     body += chunk
                     if len(body) > limit:
-                        raise TooLarge(f"body: over the limit of {limit} bytes")
+                        raise TooLarge(f"body: over the limit of {limit:,} bytes{named}")
         except TimeoutError as exc:
             raise SlowBody(f"body: not complete within {BODY_SECONDS:g} s") from exc
         finally:
@@ -109,15 +110,14 @@ class Reading:
         self.used += size
 
 
-READING = Reading()  # one per process: the memory it bounds is the process's
-
-
-async def read_json(request: Request[Any], limit: int, reading: Reading = READING) -> Any:
-    """The request body as JSON, refusing (413) before reading more than ``limit`` bytes."""
+async def read_json(request: Request[Any], limit: int, reading: Reading, setting: str = "") -> Any:
+    """The request body as JSON, refusing (413) before reading more than ``limit`` bytes (the
+    message names the ``setting`` that sets it, if any)."""
+    named = f" ({setting})" if setting else ""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise TooLarge(f"body: {declared} bytes is over the limit of {limit}")
-    body = await reading.body(request, limit)
+        raise TooLarge(f"body: {int(declared):,} bytes is over the limit of {limit:,} bytes{named}")
+    body = await reading.body(request, limit, named)
     try:
         return json.loads(body)
     except ValueError as exc:
@@ -129,6 +129,8 @@ async def read_json(request: Request[Any], limit: int, reading: Reading = READIN
 class SessionsApi:
     def __init__(self, max_import_bytes: int) -> None:
         self.max_import_bytes = max_import_bytes
+        # One per application, so one per server process: the memory it bounds is the process's.
+        self.reading = Reading(max(MAX_READING_BYTES, max_import_bytes))
 
     async def list(self, request: ApiRequest) -> Response:
         params = request.query_params
@@ -144,7 +146,7 @@ class SessionsApi:
 
     async def rename(self, request: ApiRequest) -> Response:
         session_id = _session_id(request)
-        title = _title(await read_json(request, MAX_PATCH_BYTES))
+        title = _title(await read_json(request, MAX_PATCH_BYTES, self.reading))
         await request.state["store"].rename_session(session_id, title)
         await _changed(request, session_id, "renamed")
         return JSONResponse((await _summary(request, session_id)).to_dict())
@@ -171,7 +173,8 @@ class SessionsApi:
         return Response(body, media_type="application/json", headers=headers)
 
     async def import_(self, request: ApiRequest) -> Response:
-        session = from_json(await read_json(request, self.max_import_bytes))
+        body = await read_json(request, self.max_import_bytes, self.reading, "server.max_import_bytes")
+        session = from_json(body)
         await request.state["store"].import_session(session)
         await _changed(request, session.id, "imported")
         return JSONResponse({"session_id": session.id}, status_code=201)

@@ -163,7 +163,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/events", events), WebSocketRoute("/ws", websocket_endpoint),
         Mount("/static", StaticFiles(directory=str(ROOT / "static")), name="static"),
         Route("/api/sessions/{session_id}/images/{message_id}/{n:int}", session_image),
-        *api_routes(),
+        *api_routes(settings.server.max_import_bytes),
     ], lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
     app.add_middleware(BearerAuth, token=settings.server.auth_token)
     app.add_middleware(AccessGuard, bind_host=settings.server.host,  # outermost: before auth

@@ -63,6 +63,8 @@ class ServerSettings:
     max_header_bytes: int = setting(64 * 1024, "Largest HTTP request head accepted.")
     shutdown_grace_seconds: float = setting(5.0, "SIGTERM: time to store replies and close streams.")
     history_page_messages: int = setting(200, "Messages per history page; older ones on history_before.")
+    max_import_bytes: int = setting(32 * 1024 * 1024, "Largest session import (an exported JSON file, "
+                                    "images inlined): raise it for sessions with many images.")
     route_cache_entries: int = setting(512, "Routes whose discovered window and calibration are kept (LRU).")
 
 

@@ -19,7 +19,7 @@ COMPACTION_STRATEGIES = ("none", "truncation", "summarization")
 # Server bounds that must be positive (idle_timeout_seconds takes 0 for "never").
 POSITIVE_SERVER_SETTINGS = ("max_outbox_bytes", "max_connections", "hello_timeout_seconds", "frame_rate",
                             "frame_burst", "header_timeout_seconds", "max_header_bytes",
-                            "history_page_messages", "route_cache_entries")
+                            "history_page_messages", "route_cache_entries", "max_import_bytes")
 # Provider limits that must be positive: 0 would mean "never" or "nothing", not "off".
 POSITIVE_PROVIDER_SETTINGS = ("idle_timeout_seconds", "max_line_bytes", "max_connections",
                               "pool_timeout_seconds")

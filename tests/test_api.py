@@ -194,14 +194,16 @@ async def _stored(api: Harness) -> Any:
 
 def test_api_import_over_the_limit_is_413(api: Harness) -> None:
     big = json.dumps({"format": "meterchat.session", "padding": "x" * 300_000})
-    status, code, _ = error_of(api.client.post("/api/sessions/import", content=big))
+    status, code, message = error_of(api.client.post("/api/sessions/import", content=big))
     assert (status, code) == (413, "too_large")
+    assert message == f"body: {len(big):,} bytes is over the limit of 200,000 bytes (server.max_import_bytes)"
 
     def chunks() -> Iterator[bytes]:  # no content-length: the limit holds while streaming
         for _ in range(30):
             yield b"x" * 10_000
 
-    assert error_of(api.client.post("/api/sessions/import", content=chunks()))[:2] == (413, "too_large")
+    assert error_of(api.client.post("/api/sessions/import", content=chunks())) == (
+        413, "too_large", "body: over the limit of 200,000 bytes (server.max_import_bytes)")
     assert api.client.get("/api/sessions").json() == []
 
 
