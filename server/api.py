@@ -137,8 +137,11 @@ class SessionsApi:
         query = params.get("q", "")
         if len(query) > MAX_QUERY_CHARS:
             raise ClientError(f"q: at most {MAX_QUERY_CHARS} characters, got {len(query):,}")
+        before_id = params.get("before_id") or None
+        if before_id is not None and len(before_id) > MAX_ID_CHARS:
+            raise ClientError(f"before_id: at most {MAX_ID_CHARS} characters, got {len(before_id):,}")
         found = await request.state["store"].list_sessions(
-            query, params.get("before") or None, _limit(params.get("limit")))
+            query, params.get("before") or None, _limit(params.get("limit")), before_id)
         return JSONResponse([summary.to_dict() for summary in found])
 
     async def get(self, request: ApiRequest) -> Response:

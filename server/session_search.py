@@ -1,7 +1,12 @@
 """The session list's query, one builder for both stores: newest first (``updated_at``, then id),
 only the sessions whose title contains the query or whose message text has every word of it as a
-prefix (migration 3's index: SQLite's FTS5 table ``message_text``, PostgreSQL's GIN index), updated
-before ``before``, at most ``limit`` rows. A ``Dialect`` says how each store spells that.
+prefix (migration 3's index: SQLite's FTS5 table ``message_text``, PostgreSQL's GIN index), after
+the row ``(before, before_id)`` in that order (the last row of the previous page; ``before`` alone:
+updated before it), at most ``limit`` rows. A ``Dialect`` says how each store spells that.
+
+The page boundary is the whole sort key, not the time alone: two sessions updated in the same
+microsecond (two instances, or two workers, each with its own clock) are both listed, one per page
+boundary, instead of the second being skipped.
 """
 
 from __future__ import annotations
@@ -35,8 +40,8 @@ POSTGRES = Dialect("%s", "ILIKE", re.compile(r"[^\W_]+"),
                    lambda words: " & ".join(f"{word}:*" for word in words), None)
 
 
-def search_sql(dialect: Dialect, query: str, before: str | None,
-               limit: int | None) -> tuple[str, tuple[Any, ...]]:
+def search_sql(dialect: Dialect, query: str, before: str | None, limit: int | None,
+               before_id: str | None = None) -> tuple[str, tuple[Any, ...]]:
     """The session summaries ``query`` finds (all of them for an empty query), as SQL and parameters."""
     where: list[str] = []
     params: list[Any] = []
@@ -46,7 +51,11 @@ def search_sql(dialect: Dialect, query: str, before: str | None,
         text = f" OR s.id IN ({dialect.text_match})" if words else ""
         where.append(f"(s.title {dialect.title_like} {dialect.mark} ESCAPE '\\'{text})")
         params += [like, dialect.terms(words)] if words else [like]
-    if before:
+    if before and before_id:
+        mark = dialect.mark
+        where.append(f"(s.updated_at < {mark} OR (s.updated_at = {mark} AND s.id > {mark}))")
+        params += [before, before, before_id]
+    elif before:
         where.append(f"s.updated_at < {dialect.mark}")
         params.append(before)
     sql = SUMMARY + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY s.updated_at DESC, s.id"

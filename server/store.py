@@ -78,9 +78,10 @@ class Store(Protocol):
 
     async def get_summary(self, session_id: str) -> SessionSummary | None: ...
 
-    # newest first; ``query`` matches titles and message text, ``before`` an ``updated_at`` (paging)
-    async def list_sessions(self, query: str = "", before: str | None = None,
-                            limit: int | None = None) -> list[SessionSummary]: ...
+    # newest first; ``query`` matches titles and message text; ``before`` and ``before_id``, the
+    # last row of the previous page (``server.session_search``)
+    async def list_sessions(self, query: str = "", before: str | None = None, limit: int | None = None,
+                            before_id: str | None = None) -> list[SessionSummary]: ...
 
     async def rename_session(self, session_id: str, title: str) -> None: ...
 

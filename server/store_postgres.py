@@ -173,9 +173,9 @@ class PostgresStore:
         return SessionSummary(*rows[0]) if rows else None
 
     async def list_sessions(self, query: str = "", before: str | None = None,
-                            limit: int | None = None) -> list[SessionSummary]:
+                            limit: int | None = None, before_id: str | None = None) -> list[SessionSummary]:
         """Sessions, most recently updated first: all, or those whose title or text matches."""
-        rows = await self._query(*search_sql(POSTGRES, query, before, limit))
+        rows = await self._query(*search_sql(POSTGRES, query, before, limit, before_id))
         return [SessionSummary(*row) for row in rows]
 
     async def _query(self, sql: str, params: tuple[Any, ...]) -> list[Row]:

@@ -202,9 +202,9 @@ class SqliteStore:
         return None if row is None else SessionSummary(*row)
 
     async def list_sessions(self, query: str = "", before: str | None = None,
-                            limit: int | None = None) -> list[SessionSummary]:
+                            limit: int | None = None, before_id: str | None = None) -> list[SessionSummary]:
         """Sessions, most recently updated first: all, or those whose title or text matches."""
-        rows = await self._call(self._query, *search_sql(SQLITE, query, before, limit))
+        rows = await self._call(self._query, *search_sql(SQLITE, query, before, limit, before_id))
         return [SessionSummary(*row) for row in rows]
 
     def _query(self, sql: str, params: tuple[Any, ...]) -> list[Row]:

@@ -79,6 +79,17 @@ def test_api_lists_sessions_newest_first(api: Harness) -> None:
     assert set(listed[0]) == {"id", "title", "route", "created_at", "updated_at", "message_count"}
 
 
+def test_api_pages_after_the_last_row_by_time_and_id(api: Harness) -> None:
+    for name in ("a", "b", "c"):
+        api.seed(name, name.upper())
+    first = api.client.get("/api/sessions?limit=2").json()
+    last = first[-1]
+    rest = api.client.get("/api/sessions", params={"before": last["updated_at"], "before_id": last["id"]})
+    assert [s["id"] for s in first] == ["c", "b"] and [s["id"] for s in rest.json()] == ["a"]
+    too_long = api.client.get("/api/sessions", params={"before": "x", "before_id": "i" * 201})
+    assert error_of(too_long) == (400, "bad_request", "before_id: at most 200 characters, got 201")
+
+
 def test_api_get_one_summary(api: Harness) -> None:
     api.seed("s")
     assert api.client.get("/api/sessions/s").json()["message_count"] == 7

@@ -73,6 +73,22 @@ async def test_search_finds_sessions_by_title_and_by_text(tmp_path, backend):
     await store.close()
 
 
+async def test_paging_keeps_sessions_updated_in_the_same_microsecond(tmp_path, backend):
+    """Two instances (or workers) each stamp with their own clock, so two sessions can share an
+    ``updated_at``; a page that ends on one of them must not skip the other."""
+    store = await seeded(tmp_path, [(name, name, "text") for name in ("a", "b", "c", "d")], backend)
+    backend.execute("UPDATE sessions SET updated_at = '2000-01-01T10:00:00.000000+00:00' "
+                    "WHERE id IN ('b', 'c')")
+    first = await store.list_sessions("", limit=3)
+    last = first[-1]
+    rest = await store.list_sessions("", last.updated_at, 10, last.id)
+    time_only = await store.list_sessions("", last.updated_at, 10)
+    await store.close()
+    assert [s.id for s in first] == ["d", "a", "b"]  # newest first, then by id
+    assert [s.id for s in rest] == ["c"]
+    assert time_only == []  # what paging by the time alone did: "c" was skipped
+
+
 async def test_learned_windows_are_kept(backend):
     store = backend.open()
     await store.save_window("demo", "demo-open", 16384)

@@ -95,7 +95,7 @@ export class Sessions {
     this.loadingOlder = true;
     this.older.textContent = "Loading older chats…";
     try {
-      const found = await api(listUrl(this.query, this.sessions[this.sessions.length - 1].updated_at, PAGE + 1));
+      const found = await api(listUrl(this.query, this.sessions[this.sessions.length - 1], PAGE + 1));
       if (ticket !== this.ticket) return; // a refresh or a new search answered meanwhile
       const shown = new Set(this.sessions.map((s) => s.id));
       this.sessions.push(...found.slice(0, PAGE).filter((s) => !shown.has(s.id)));
@@ -304,10 +304,14 @@ export function groupByDay(sessions, now = new Date()) {
   return Object.entries(groups).filter(([, items]) => items.length);
 }
 
-function listUrl(query, before, limit) {
+// `after`: the last session shown; the next page starts past it in the list's order (time, then id).
+function listUrl(query, after, limit) {
   const params = new URLSearchParams({ limit: String(limit) });
   if (query) params.set("q", query);
-  if (before) params.set("before", before);
+  if (after) {
+    params.set("before", after.updated_at);
+    params.set("before_id", after.id);
+  }
   return `/api/sessions?${params}`;
 }
 
