@@ -181,7 +181,7 @@ LINE_FIELDS: dict[str, tuple[type, ...]] = {
     "route": (dict,), "trim_preview": (dict,),
 }
 _ROUTE_FIELDS: Fields = {"provider": (_STR, True), "model": (_STR, True), "route_kind": (_STR, True),
-                         "hint": (_OPT_STR, False), "turn_id": (_OPT_STR, False)}
+                         "hint": (_OPT_STR, False), "turn_id": (_OPT_STR, False), "created_at": (_STR, False)}
 _PREVIEW_FIELDS: Fields = {"turns": (_INT, True), "tokens": (_INT, True)}
 
 

@@ -61,8 +61,9 @@ class Notices:
             return
         notice = self.keep(frame, after, now)
         route = self.route_of(frame["turn_id"]) if frame["type"] in ("error", "aborted") else None
-        if route:
-            notice["route"] = route
+        if route:  # with when that call began: the failed or stopped reply's time after a reload
+            notice["route"] = {**route, **({"created_at": self._route["created_at"]}
+                                           if self._route.get("created_at") else {})}
 
     def route_of(self, turn_id: str | None) -> dict[str, Any] | None:
         """The route of turn ``turn_id``'s current call, as its last ``route`` frame named it (None
@@ -73,7 +74,7 @@ class Notices:
 
     def keep(self, frame: Mapping[str, Any], after: str | None, now: str) -> Notice:
         notice = {k: v for k, v in frame.items() if k != "seq"}
-        notice.update(created_at=now, after_message_id=after)
+        notice.update(created_at=frame.get("created_at") or now, after_message_id=after)  # a frame's own time
         self.kept.append(notice)
         del self.kept[:-NOTICES_SHOWN]
         self.unsaved.append(notice)

@@ -69,6 +69,7 @@ CLIENT_FRAMES["preview_edit"] = ("turn_id",)
 SERVER_FRAMES["history"] += ("trims?", "turn_in_flight?", "notices?")
 SERVER_FRAMES["accepted"] += ("retry_of?", "edit_of?", "created_at?", "image_urls?")
 SERVER_FRAMES["done"] += ("created_at?",)
+SERVER_FRAMES["route"] += ("created_at?",)  # when the call began: the reply's time (live and reloaded)
 SERVER_FRAMES["turns_set_aside"] = ("turn_ids", "reason")
 EDIT_PREVIEW = "edit_preview"  # a context frame answering preview_edit, for the asking client only
 ENUMS[("context", "reason")] = (*CONTEXT_REASONS, EDIT_PREVIEW)

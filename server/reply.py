@@ -10,6 +10,9 @@ writer never touches a session, a socket or a store, so it is tested with plain 
     think(text)  a piece of the model's reasoning, kept on the message (a reload shows it again)
     current()    the message with the text so far (for a snapshot), or None before the first piece
     finish(...)  the completed message (or None when nothing was written); the writer is then empty
+
+``began`` is when the current provider call began (its ``route`` frame's ``created_at``): the
+message's ``created_at``, so the time the live page showed from that frame is the one a reload shows.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class ReplyWriter:
         self._parts: list[str] = []
         self._thinking: list[str] = []
         self._flushed_at = 0.0
+        self.began: str | None = None
 
     @property
     def joined(self) -> bool:
@@ -50,7 +54,8 @@ class ReplyWriter:
         self._parts.append(text)
         if self._message is None:
             # Interrupted until finished: a crash mid-reply leaves it marked so in the store.
-            self._message = ChatMessage("assistant", "", turn_id=self.turn_id, interrupted=True)
+            self._message = ChatMessage("assistant", "", turn_id=self.turn_id, interrupted=True,
+                                        created_at=self.began)
             self._flushed_at = self._clock()
             return Step.JOIN
         if self._clock() - self._flushed_at >= self.flush_seconds:
@@ -84,7 +89,7 @@ class ReplyWriter:
         message = self.current()
         if message is None and tool_calls:
             message = ChatMessage("assistant", "", turn_id=self.turn_id,
-                                  thinking="".join(self._thinking) or None)
+                                  thinking="".join(self._thinking) or None, created_at=self.began)
         self._message, self._text, self._parts, self._thinking = None, "", [], []
         if message is None:
             return None

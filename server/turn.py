@@ -242,7 +242,8 @@ class Turn:
     async def call(self, final: bool) -> CallResult:
         messages, reading = await self.prepare(final)
         self.sent = reading
-        self.emit("route", turn_id=self.turn_id, **self.route.fields())
+        self.writer.began = utc_now()  # the reply's time: when its call began, as the route frame says
+        self.emit("route", turn_id=self.turn_id, created_at=self.writer.began, **self.route.fields())
         await self.emit_meter("send", reading)
         provider = self.rt.providers[self.route.provider]
         request = ProviderRequest(self.route.model, messages, self.tools(final),

@@ -95,16 +95,13 @@ def shoot(page: Page, name: str) -> None:
         page.screenshot(path=str(Path(SHOTS) / f"{name}.png"))
 
 
-def reloads_the_same(page: Page, event: str, untimed: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """``untimed``: states of a reply that ended without a server time (stopped, failed): the live
-    page shows its own clock's time for those, a reload the server's."""
-    def rows() -> list[dict[str, Any]]:
-        return [{**row, "time": None} if row["state"] in untimed else row for row in read_page(page)]
-
-    before = rows()
+def reloads_the_same(page: Page, event: str) -> list[dict[str, Any]]:
+    """Every row as before the reload, its time included: the page shows the server's times, live
+    (a reply's from its call's route frame) and reloaded."""
+    before = read_page(page)
     shoot(page, f"{event}-live")
     reload(page)
-    after = rows()
+    after = read_page(page)
     shoot(page, f"{event}-reloaded")
     assert after == before, (event, [{k: (a[k], b[k]) for k in a if a[k] != b[k]}
                                      for a, b in zip(after, before, strict=False) if a != b])
@@ -178,9 +175,9 @@ def test_a_reply_streaming_through_a_reload_stays_streaming_and_a_stopped_one_st
         expect(reply.locator(".msg-body")).to_contain_text("word20 ")
         page.get_by_test_id("stop").click()
         expect(reply).to_have_attribute("data-state", "stopped")
-        before = [{**row, "time": None} for row in read_page(page)]  # a stop has no server time
+        before = read_page(page)
         reload(page)
-        after = [{**row, "time": None} for row in read_page(page)]
+        after = read_page(page)
     assert after == before and after[-1]["state"] == "stopped" and after[-1]["foot"] == "stopped"
     assert live_route == "demo/demo-small" and after[-1]["route"] == live_route  # stopped in its first call
 
@@ -193,8 +190,24 @@ def test_a_reply_stopped_in_its_first_call_keeps_its_route_through_a_reload(
         expect(page.locator('[data-state="streaming"] .msg-body')).to_contain_text("word2 ")
         page.get_by_test_id("stop").click()
         expect(page.locator(ASSISTANT).last).to_have_attribute("data-state", "stopped")
-        after = reloads_the_same(page, "stopped-first-call", untimed=("stopped",))
+        after = reloads_the_same(page, "stopped-first-call")
     assert after[-1]["route"] == "demo/demo-small" and after[-1]["state"] == "stopped"
+
+
+def test_a_tool_reply_stopped_in_its_second_call_reloads_with_that_call_s_time(
+        browser: Browser, tmp_path: Path) -> None:
+    """The reply's time is when its latest call began (the route frame live; the stored stop's
+    route after a reload), not the first call's, which the stored messages alone would give."""
+    with running_server(config(tmp_path, delay_ms=40)) as base, opened_page(browser, base) as page:
+        open_new_chat(page)
+        send(page, "please look up paper moon")
+        expect(page.locator('[data-state="streaming"] .msg-body')).to_contain_text("Paper", timeout=20_000)
+        page.get_by_test_id("stop").click()
+        expect(page.locator(ASSISTANT).last).to_have_attribute("data-state", "stopped")
+        routes = received(page, "route")
+        after = reloads_the_same(page, "stopped-second-call")
+    assert len(routes) == 2 and after[-1]["tools"][0][1] == "done" and after[-1]["state"] == "stopped"
+    assert after[-1]["time"] == str(routes[-1]["created_at"]).replace("+00:00", "")[:23] + "Z"
 
 
 def test_edit_of_an_earlier_message_previews_the_drop_on_the_meter(browser: Browser, tmp_path: Path) -> None:
@@ -289,19 +302,19 @@ def test_a_reload_shows_the_errors_and_notices_the_live_page_showed(
                                   error_type="overloaded_error"))
         send(page, "tell me more")
         line_shown(page, '[data-testid="error"]', 1)
-        rows = reloads_the_same(page, f"failed-reply-{size[0]}", untimed=("error",))
+        rows = reloads_the_same(page, f"failed-reply-{size[0]}")
         assert [r["state"] for r in rows if r["role"] == "assistant"][-1] == "error"
         fake_openai.enqueue(Reply(status=503, error="try again later"))
         send(page, "and again")
         line_shown(page, '[data-testid="error"]', 2)
-        rows = reloads_the_same(page, f"failed-call-{size[0]}", untimed=("error",))
+        rows = reloads_the_same(page, f"failed-call-{size[0]}")
         errors = [r["text"] for r in rows if r["kind"] == "notice error"]
         assert len(errors) == 2 and all(e.endswith("Try again") for e in errors)
         done = page.locator(DONE).count()
         page.get_by_test_id("try-again").last.click()
         expect(page.locator(DONE)).to_have_count(done + 1)
         assert sent(page, "message")[-1]["content"] == "and again" and sent(page, "message")[-1]["retry_of"]
-        reloads_the_same(page, f"retried-{size[0]}", untimed=("error",))
+        reloads_the_same(page, f"retried-{size[0]}")
 
 
 def test_a_line_on_an_older_page_comes_back_with_its_page(
@@ -320,7 +333,7 @@ def test_a_line_on_an_older_page_comes_back_with_its_page(
         line_shown(page, '[data-testid="error"]', 1)
         for word in ("two", "three", "four"):
             send_and_wait(page, f"echo {word}")
-        live = [{**row, "time": None} if row["state"] == "error" else row for row in read_page(page)]
+        live = read_page(page)
         reload(page)
         line_shown(page, '[data-testid="error"]', 0)  # its message is on an older page
         older, rows = page.get_by_test_id("load-older"), page.locator("[data-message-id]")
@@ -329,5 +342,5 @@ def test_a_line_on_an_older_page_comes_back_with_its_page(
             older.click()
             expect(rows).not_to_have_count(shown)
         line_shown(page, '[data-testid="error"]', 1)
-        after = [{**row, "time": None} if row["state"] == "error" else row for row in read_page(page)]
+        after = read_page(page)
     assert after == live

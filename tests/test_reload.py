@@ -133,8 +133,10 @@ async def test_a_reply_stopped_in_its_first_call_keeps_its_route(tmp_path):
     reply = history["messages"][-1]
     assert reply["interrupted"] is True and "route" not in reply  # a stopped call is not recorded
     stopped = [n for n in history["notices"] if n["type"] == "aborted"]
-    assert stopped == [{"type": "aborted", "turn_id": turn, "route": DEMO_ROUTE,
+    began = of_type(started, "route")[0]["created_at"]  # the call's start: the stopped reply's time
+    assert stopped == [{"type": "aborted", "turn_id": turn, "route": {**DEMO_ROUTE, "created_at": began},
                         "created_at": stopped[0]["created_at"], "after_message_id": reply["id"]}]
+    assert reply["created_at"] == began
 
 
 async def test_images_are_served_by_url_behind_the_token(tmp_path):

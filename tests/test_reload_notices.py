@@ -47,14 +47,16 @@ async def test_a_turn_error_comes_back_after_the_message_it_followed(tmp_path, f
         async with client(address) as c:
             await c.hello()
             await c.say("first", id="m1")
-            error = (await c.say("second", id="m2"))[-1]
+            frames = await c.say("second", id="m2")
+            error, call = frames[-1], of_type(frames, "route")[-1]
         cached = await reopened(address, c.session_id)
     with serve(settings(tmp_path, fake_openai)) as address:  # a restarted server reads the store
         restored = await reopened(address, c.session_id)
     assert error["type"] == "error" and error["retryable"] and error["turn_id"]
     for history in (cached, restored):
         (notice,) = history["notices"]
-        route = {"provider": "p", "model": "m", "route_kind": "default"}
+        # the failed call's route, with when it began: the failed reply's time after a reload
+        route = {"provider": "p", "model": "m", "route_kind": "default", "created_at": call["created_at"]}
         assert stored(notice) == {**live(error), "route": route}
         assert notice["after_message_id"] == "m2" and notice["created_at"]
 
@@ -109,7 +111,9 @@ async def test_a_hinted_route_is_kept_and_a_plain_turn_keeps_nothing(tmp_path, f
     unknown = of_type(hinted, "notice")[0]
     assert route["hint"] == "nowhere" and unknown["code"] == "unknown_hint"
     assert sorted(map(stored, history["notices"]), key=lambda n: n["type"]) == \
-        sorted([live(unknown), live(route)], key=lambda n: n["type"])
+        sorted([live(unknown), stored(live(route))], key=lambda n: n["type"])
+    kept_route = of_type(history["notices"], "route")[0]
+    assert kept_route["created_at"] == route["created_at"]  # the frame's own time, not the write's
     assert {n["after_message_id"] for n in history["notices"]} == {"m2"}
 
 

@@ -65,3 +65,14 @@ def test_reply_writer_joins_pieces_incrementally_across_flushes():
             assert writer.flush().content == "".join(f"p{k} " for k in range(n + 1))
     message = writer.finish(interrupted=False)
     assert message is not None and message.content == "".join(f"p{k} " for k in range(10))
+
+
+def test_reply_writer_dates_the_message_when_its_call_began() -> None:
+    writer = ReplyWriter("t1", flush_seconds=1.0)
+    writer.began = "2026-11-30T10:00:00.000001+00:00"  # the call's route frame
+    writer.append("hello")
+    message = writer.finish(interrupted=True)
+    assert message is not None and message.created_at == "2026-11-30T10:00:00.000001+00:00"
+    writer.began = "2026-11-30T10:00:05.000001+00:00"  # the next call: tool calls only, no text
+    asked = writer.finish(interrupted=False, tool_calls=[ToolCall("c1", "lookup", {})])
+    assert asked is not None and asked.created_at == "2026-11-30T10:00:05.000001+00:00"

@@ -147,7 +147,9 @@ export class Transcript {
     const turnId = f.turn_id || this.pendingTurn;
     if (!turnId) return;
     const label = f.model ? `${f.provider}/${f.model}` : f.provider;
-    this.update(this.reply(turnId), { route: label, routeTitle: `Served by ${label} (${routeWhy(f)})` });
+    const entry = this.reply(turnId);
+    const time = f.created_at ? Date.parse(f.created_at) : entry.time; // when the call began, by the server's clock
+    this.update(entry, { route: label, routeTitle: `Served by ${label} (${routeWhy(f)})`, time });
   }
 
   chunk(f) {

@@ -30,7 +30,7 @@ export function placeLines(t, items, lines, complete) {
       continue;
     }
     if (n.type === "route" && reply) Object.assign(reply, routeFields(n)); // the hint it was sent with
-    if (n.type === "aborted" && reply && !reply.route && n.route) Object.assign(reply, routeFields(n.route)); // stopped in its first call
+    if (n.type === "aborted" && reply && n.route) Object.assign(reply, stoppedCall(reply, n.route));
     const failed = n.type === "error" ? failedReply(n, reply, items) : null;
     if (failed && failed !== reply) items.splice(index++, 0, failed);
     const entry = storedLine(n, reply, t.retryFor);
@@ -41,16 +41,24 @@ export function placeLines(t, items, lines, complete) {
   return waiting;
 }
 
+// What a reply's last call, stopped or failed, changes in it: the route (a call that ended early is
+// not recorded, so a reply stopped or failed in its first call has none yet) and the time, when that
+// call began (the live page took it from the call's route frame).
+function stoppedCall(reply, route) {
+  const time = route.created_at ? { time: Date.parse(route.created_at) } : {};
+  return { ...(reply.route ? {} : routeFields(route)), ...time };
+}
+
 // A failed turn's reply as the live page left it: its text so far (none when the call failed
 // before its first piece: the live page had opened it on the turn's route frame), marked failed.
 function failedReply(n, reply, items) {
-  const route = n.route ? routeFields(n.route) : {};
-  if (reply) return Object.assign(reply, { state: "error", foot: "" }, reply.route ? {} : route);
+  if (reply) return Object.assign(reply, { state: "error", foot: "" }, n.route ? stoppedCall(reply, n.route) : {});
   if (!n.route) return null;
   const user = items.find((i) => i.kind === "user" && i.turnId === n.turn_id); // its turn's marks
   const marks = { trimmed: Boolean(user && user.trimmed), excluded: (user && user.excluded) || null };
-  const time = n.created_at ? Date.parse(n.created_at) : null;
-  return item("assistant", { role: "assistant", turnId: n.turn_id, state: "error", text: "", thinking: "", tools: [], foot: "", time, ...marks, ...route });
+  const when = n.route.created_at || n.created_at;
+  const time = when ? Date.parse(when) : null;
+  return item("assistant", { role: "assistant", turnId: n.turn_id, state: "error", text: "", thinking: "", tools: [], foot: "", time, ...marks, ...routeFields(n.route) });
 }
 
 function stored(t, m, inFlight) {
