@@ -145,11 +145,16 @@ def estimate_history_tokens(
     return total
 
 
+def old_turn_tokens(message: ChatMessage, image_token_cost: int) -> int:
+    """A message's estimate as part of an earlier turn (tool-result images no longer count)."""
+    images = image_tokens(message, in_current_turn=False, image_token_cost=image_token_cost)
+    return message.text_tokens + images
+
+
 def left_out_tokens(messages: Iterable[ChatMessage], image_token_cost: int = DEFAULT_IMAGE_TOKEN_COST) -> int:
     """Estimated tokens of messages no longer sent, each counted as in an old turn (so a sum that
     can grow message by message as trims leave more out)."""
-    return sum(m.text_tokens + image_tokens(m, in_current_turn=False, image_token_cost=image_token_cost)
-               for m in messages)
+    return sum(old_turn_tokens(m, image_token_cost) for m in messages)
 
 
 def visible(messages: Sequence[ChatMessage]) -> list[ChatMessage]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from server.history import DEFAULT_IMAGE_TOKEN_COST, ChatMessage, image_tokens, is_turn_start
+from server.history import DEFAULT_IMAGE_TOKEN_COST, ChatMessage, image_tokens, is_turn_start, old_turn_tokens
 from server.history_trim import (
     BREADCRUMB_TOKENS,
     REASON_OVERFLOW,
@@ -65,7 +65,7 @@ class HistoryLedger:
             self._starts.append(len(self._rows))
             self._current_extra = 0
         cost = self.image_token_cost
-        base = message.text_tokens + image_tokens(message, in_current_turn=False, image_token_cost=cost)
+        base = old_turn_tokens(message, cost)
         if self._starts:
             self._current_extra += image_tokens(message, in_current_turn=True,
                                                 image_token_cost=cost) - (base - message.text_tokens)
