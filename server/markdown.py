@@ -41,8 +41,10 @@ def _placed_lines(session: StoredSession) -> tuple[dict[str | None, list[str]], 
     before: dict[str | None, list[str]] = {}
     after: dict[str | None, list[str]] = {}
     for trim in session.trims:
-        place = (before, trim["turn_id"]) if trim.get("turn_id") else (after, trim.get("after_message_id"))
-        place[0].setdefault(place[1], []).extend([f"> _{_trim_text(trim)}_", ""])
+        if trim.get("turn_id"):
+            before.setdefault(trim["turn_id"], []).extend([f"> _{_trim_text(trim)}_", ""])
+        else:
+            after.setdefault(trim.get("after_message_id"), []).extend([f"> _{_trim_text(trim)}_", ""])
     for notice in session.notices:
         text = _notice_text(notice)
         if text:

@@ -61,9 +61,10 @@ class Notices:
             return
         notice = self.keep(frame, after, now)
         route = self.route_of(frame["turn_id"]) if frame["type"] in ("error", "aborted") else None
-        if route:  # with when that call began: the failed or stopped reply's time after a reload
-            notice["route"] = {**route, **({"created_at": self._route["created_at"]}
-                                           if self._route.get("created_at") else {})}
+        if route:
+            notice["route"] = route
+            if self._route.get("created_at"):  # when that call began: the reply's time after a reload
+                route["created_at"] = self._route["created_at"]
 
     def route_of(self, turn_id: str | None) -> dict[str, Any] | None:
         """The route of turn ``turn_id``'s current call, as its last ``route`` frame named it (None

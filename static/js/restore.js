@@ -30,7 +30,7 @@ export function placeLines(t, items, lines, complete) {
       continue;
     }
     if (n.type === "route" && reply) Object.assign(reply, routeFields(n)); // the hint it was sent with
-    if (n.type === "aborted" && reply && n.route) Object.assign(reply, stoppedCall(reply, n.route));
+    if (n.type === "aborted" && reply && n.route) Object.assign(reply, endedCall(reply, n.route));
     const failed = n.type === "error" ? failedReply(n, reply, items) : null;
     if (failed && failed !== reply) items.splice(index++, 0, failed);
     const entry = storedLine(n, reply, t.retryFor);
@@ -41,10 +41,10 @@ export function placeLines(t, items, lines, complete) {
   return waiting;
 }
 
-// What a reply's last call, stopped or failed, changes in it: the route (a call that ended early is
-// not recorded, so a reply stopped or failed in its first call has none yet) and the time, when that
+// What a reply's last call, ended early (stopped or failed), changes in it: the route (such a call
+// is not recorded, so a reply that ended in its first call has none yet) and the time, when that
 // call began (the live page took it from the call's route frame).
-function stoppedCall(reply, route) {
+function endedCall(reply, route) {
   const time = route.created_at ? { time: Date.parse(route.created_at) } : {};
   return { ...(reply.route ? {} : routeFields(route)), ...time };
 }
@@ -52,7 +52,7 @@ function stoppedCall(reply, route) {
 // A failed turn's reply as the live page left it: its text so far (none when the call failed
 // before its first piece: the live page had opened it on the turn's route frame), marked failed.
 function failedReply(n, reply, items) {
-  if (reply) return Object.assign(reply, { state: "error", foot: "" }, n.route ? stoppedCall(reply, n.route) : {});
+  if (reply) return Object.assign(reply, { state: "error", foot: "" }, n.route ? endedCall(reply, n.route) : {});
   if (!n.route) return null;
   const user = items.find((i) => i.kind === "user" && i.turnId === n.turn_id); // its turn's marks
   const marks = { trimmed: Boolean(user && user.trimmed), excluded: (user && user.excluded) || null };
