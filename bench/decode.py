@@ -30,8 +30,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from server.config import ProviderProfile  # noqa: E402
-from server.history import ChatMessage  # noqa: E402
+from server.config.settings import ProviderProfile  # noqa: E402
+from server.history.messages import ChatMessage  # noqa: E402
 from server.providers.base import ProviderRequest  # noqa: E402
 from server.providers.decoders import SSEDecoder  # noqa: E402
 from server.providers.openai import OpenAIProvider  # noqa: E402

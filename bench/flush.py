@@ -21,9 +21,9 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from server.history import ChatMessage  # noqa: E402
-from server.store_sqlite import SqliteStore  # noqa: E402
-from server.stores import open_store  # noqa: E402
+from server.history.messages import ChatMessage  # noqa: E402
+from server.store.backends import open_store  # noqa: E402
+from server.store.sqlite import SqliteStore  # noqa: E402
 
 
 async def flush_round(store: SqliteStore, replies: dict[str, ChatMessage], batched: bool) -> None:

@@ -27,10 +27,10 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from server.flusher import Flusher  # noqa: E402
-from server.reply import ReplyWriter, Step  # noqa: E402
-from server.store import Store  # noqa: E402
-from server.stores import open_store  # noqa: E402
+from server.sessions.flusher import Flusher  # noqa: E402
+from server.sessions.reply import ReplyWriter, Step  # noqa: E402
+from server.store.backends import open_store  # noqa: E402
+from server.store.base import Store  # noqa: E402
 
 PACE = 0.02
 FLUSH_SECONDS = 0.25

@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from server.history import ChatMessage, ToolCall, estimate_history_tokens  # noqa: E402
-from server.history_trim import trim_to_recent_turns  # noqa: E402
-from server.ledger import HistoryLedger  # noqa: E402
+from server.history.ledger import HistoryLedger  # noqa: E402
+from server.history.messages import ChatMessage, ToolCall, estimate_history_tokens  # noqa: E402
+from server.history.trim import trim_to_recent_turns  # noqa: E402
 
 SIZES = (100, 1_000, 10_000)
 

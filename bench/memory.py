@@ -17,10 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from server.channel import FRAME_LOG_BYTES, FrameChannel  # noqa: E402
-from server.events import EventBus  # noqa: E402
-from server.routing import Route  # noqa: E402
-from server.session import Session  # noqa: E402
+from server.routing.resolver import Route  # noqa: E402
+from server.sessions.channel import FRAME_LOG_BYTES, FrameChannel  # noqa: E402
+from server.sessions.events import EventBus  # noqa: E402
+from server.sessions.session import Session  # noqa: E402
 
 PIECES = ("token ", "the ", "of ", "and ", "meterchat ", "\n", "streams ", "a ")  # typical deltas
 

@@ -34,11 +34,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("provider dialect + text guard", ("providers/openai.py", "providers/text.py", "providers/base.py")),
     ("provider read loop (_http.py)", ("providers/_http.py",)),
     ("provider network backend (transport.py)", ("providers/transport.py",)),
-    ("channel: emit, frame log, outbox", ("server/channel.py", "server/events.py")),
-    ("reply writer + flusher", ("server/reply.py", "server/flusher.py", "server/store")),
-    ("turn + session", ("server/turn.py", "server/session.py", "server/hub.py", "server/session_cache.py",
-                        "server/restore.py", "server/unsaved.py")),
-    ("connection: writer, coalescing", ("server/connection.py",)),
+    ("channel: emit, frame log, outbox", ("server/sessions/channel.py", "server/sessions/events.py")),
+    ("reply writer + flusher", ("server/sessions/reply.py", "server/sessions/flusher.py", "server/store")),
+    ("turn + session", ("server/sessions/turn.py", "server/sessions/session.py", "server/sessions/hub.py",
+                        "server/sessions/cache.py", "server/sessions/restore.py",
+                        "server/sessions/unsaved.py")),
+    ("connection: writer, coalescing", ("server/web/connection.py",)),
     ("bench relay code", ("loadkit/relay.py",)),
     ("httpx", ("(httpx/",)),
     ("httpcore", ("(httpcore/",)),
@@ -55,10 +56,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ENTRY_POINTS = {
     "provider read (HttpProvider._run)": "_run (server/providers/_http.py",
     "  of which httpx/httpcore read": "aiter_raw (",
-    "turn: on_event (emit + reply)": "on_event (server/turn.py",
-    "  of which channel.emit": "emit (server/channel.py",
-    "connection: send_loop": "send_loop (server/connection.py",
-    "flusher": "server/flusher.py",
+    "turn: on_event (emit + reply)": "on_event (server/sessions/turn.py",
+    "  of which channel.emit": "emit (server/sessions/channel.py",
+    "connection: send_loop": "send_loop (server/web/connection.py",
+    "flusher": "server/sessions/flusher.py",
 }
 
 
@@ -66,7 +67,7 @@ LOOP, RUN = "run (asyncio/runners.py:118)", "HttpProvider._run (server/providers
 SAMPLE = [  # (stack, samples), outermost frame first, as py-spy's raw format has them
     ([LOOP, RUN, "SSEDecoder.feed (server/providers/decoders.py:113)"], 3),
     ([LOOP, RUN, "Response.aiter_raw (httpx/_models.py:990)", "read (h11/_readers.py:100)"], 5),
-    ([LOOP, "Connection.send_loop (server/connection.py:240)", "send (websockets/protocol.py:300)"], 2),
+    ([LOOP, "Connection.send_loop (server/web/connection.py:240)", "send (websockets/protocol.py:300)"], 2),
     ([LOOP], 4),
 ]
 

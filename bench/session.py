@@ -1,7 +1,7 @@
 """Per-turn cost of the session's own history path against the length of the transcript:
 ``python bench/session.py [--quick]``.
 
-Each round does what ``server.turn.Turn`` does around one provider call: add the user message,
+Each round does what ``server.sessions.turn.Turn`` does around one provider call: add the user message,
 apply the turn limit and the token budget through the session's ``HistoryLedger`` (and the running
 sum of what trims left out), read the meter (estimate, trim preview and the context frame's parts),
 assemble the request (``to_send`` + orphan sweep + estimate of what is sent), then add the reply.
@@ -25,13 +25,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from server.channel import FrameChannel  # noqa: E402
-from server.events import EventBus  # noqa: E402
-from server.history import TRIMMED, ChatMessage, estimate_history_tokens, left_out_tokens  # noqa: E402
-from server.history_trim import sweep_orphans  # noqa: E402
-from server.meter import Reading, breakdown  # noqa: E402
-from server.routing import Capacity, Route  # noqa: E402
-from server.session import Session  # noqa: E402
+from server.history.messages import TRIMMED, ChatMessage, estimate_history_tokens, left_out_tokens  # noqa: E402
+from server.history.trim import sweep_orphans  # noqa: E402
+from server.routing.meter import Reading, breakdown  # noqa: E402
+from server.routing.resolver import Capacity, Route  # noqa: E402
+from server.sessions.channel import FrameChannel  # noqa: E402
+from server.sessions.events import EventBus  # noqa: E402
+from server.sessions.session import Session  # noqa: E402
 
 SIZES = (100, 1_000, 10_000)
 ROUNDS = 200

@@ -26,9 +26,9 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from server.history import ChatMessage  # noqa: E402
-from server.store_sqlite import SqliteStore  # noqa: E402
-from server.stores import open_store  # noqa: E402
+from server.history.messages import ChatMessage  # noqa: E402
+from server.store.backends import open_store  # noqa: E402
+from server.store.sqlite import SqliteStore  # noqa: E402
 
 CHUNK = "some reply text "  # 16 bytes, about four tokens
 REPEATS = 3

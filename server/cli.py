@@ -2,7 +2,7 @@
 
 Without ``--config`` the server starts on the embedded offline demo provider. A bad settings file
 stops start-up with a message naming the key. ``--workers`` runs several processes on one socket
-(server.workers).
+(server.web.workers).
 """
 
 from __future__ import annotations
@@ -13,25 +13,29 @@ import socket
 import sys
 from collections.abc import Callable
 from dataclasses import replace
+from importlib import metadata
 from typing import Any, TypeVar
 
 import anyio
 import uvicorn
 
-from server.access import exposure_problem
-from server.config import Settings
-from server.config_load import load_settings
+from server.config.load import load_settings
+from server.config.settings import Settings
 from server.errors import ConfigError
-from server.routing import RouteResolver
-from server.serving import DrainingServer, redact_logs, uvicorn_options
-from server.workers import WORKER_HEADER, WorkerServer, supervise, worker_count
-from server.ws_guard import LingeringWebSocketProtocol
+from server.routing.resolver import RouteResolver
+from server.web.access import exposure_problem
+from server.web.serving import DrainingServer, redact_logs, uvicorn_options
+from server.web.workers import WORKER_HEADER, WorkerServer, supervise, worker_count
+from server.web.ws_guard import LingeringWebSocketProtocol
 
 T = TypeVar("T")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="meterchat", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="meterchat", description="Start the meterchat server (the embedded offline demo without --config).",
+    )
+    parser.add_argument("--version", action="version", version=f"meterchat {installed_version()}")
     parser.add_argument("--config", help="TOML settings file (default: the embedded demo)")
     parser.add_argument("--host", help="interface to listen on (overrides [server] host)")
     parser.add_argument("--port", type=int, help="TCP port (overrides [server] port; 0 = any free)")
@@ -41,10 +45,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--insecure-no-auth", action="store_true",
                         help="serve a non-loopback address without an auth token (a proxy authenticates)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    # Set by the --workers supervisor for each worker it starts (server.workers), not by hand.
+    # Set by the --workers supervisor for each worker it starts (server.web.workers), not by hand.
     parser.add_argument("--worker-socket", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
+
+
+def installed_version() -> str:
+    try:
+        return metadata.version("meterchat")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,7 +91,7 @@ def checked(step: Callable[[], T]) -> T:
 def prepare_store(settings: Settings) -> None:
     """Workers start together: the store is created, migrated and checked once, here, so they do
     not race for a new SQLite file's first write lock ("database is locked" stopped one of two)."""
-    from server.stores import open_store
+    from server.store.backends import open_store
 
     store = open_store(settings.server.data_dir, settings.store.url, settings.store.pool_size,
                        settings.store.timeout_seconds)
@@ -88,7 +99,7 @@ def prepare_store(settings: Settings) -> None:
 
 
 def build_app(settings: Settings, host: str, port: int) -> tuple[Settings, Any]:
-    from server.app import create_app
+    from server.web.app import create_app
 
     # The Host allow-list admits the bound address: it must be the one actually bound.
     settings = replace(settings, server=replace(settings.server, host=host, port=port))
@@ -100,7 +111,7 @@ def uvicorn_config(app: Any, settings: Settings, log_level: str,
     # No per-message deflate: chat frames are small and many, so compressing each costs more CPU
     # than it saves on a local or LAN link. Loop and WebSocket implementation were chosen by
     # bench/load.py (docs/performance.md): "auto" takes uvloop where pyproject installs it. The HTTP
-    # parser is h11 with a deadline on request heads (server.serving.guarded_h11, slowloris).
+    # parser is h11 with a deadline on request heads (server.web.serving.guarded_h11, slowloris).
     config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port,
                             log_level=log_level, loop="auto", ws=LingeringWebSocketProtocol,
                             ws_max_size=16 * 1024 * 1024, ws_per_message_deflate=False,

@@ -22,12 +22,13 @@ class LoggedProcess:
     or a condition on the process) holds, within ``timeout`` seconds, or stopped and raised."""
 
     def __init__(self, args: list[str], ready: str | Callable[[], bool], timeout: float = 30,
-                 stop_timeout: float = 10) -> None:
+                 stop_timeout: float = 10, cwd: Path | None = None) -> None:
         self.lines: list[str] = []
         self.changed = threading.Condition()
         self.exited = False
         self.stop_timeout = stop_timeout
-        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        cwd=cwd)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         condition = ready if callable(ready) else (lambda: self.printed(ready))

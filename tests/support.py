@@ -19,8 +19,8 @@ import anyio
 import uvicorn
 from websockets.asyncio.client import ClientConnection, connect
 
-from server.app import create_app
-from server.config_load import settings_from_mapping
+from server.config.load import settings_from_mapping
+from server.web.app import create_app
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = {"kind": "demo", "model": "demo-small", "context_window": 4096, "models": {"demo-open": 0},

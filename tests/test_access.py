@@ -1,4 +1,4 @@
-"""The front door (server/access.py) against a real server: Host allow-list on HTTP and WebSocket,
+"""The front door (server/web/access.py) against a real server: Host allow-list on HTTP and WebSocket,
 JSON-only and same-origin state changes under /api, the /ws Origin, the start-up refusal of an
 exposed bind without a token, and no token in the access log."""
 
@@ -17,7 +17,8 @@ from starlette.types import Receive, Scope, Send
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as connect_sync
 
-from server.access import (
+from server.cli import refuse_exposure
+from server.web.access import (
     AccessGuard,
     default_hosts,
     exposure_problem,
@@ -25,7 +26,6 @@ from server.access import (
     host_name,
     is_loopback,
 )
-from server.cli import refuse_exposure
 from tests.support import client, serve, settings_for
 
 pytestmark = pytest.mark.anyio

@@ -13,12 +13,12 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from server.api import EXCEPTION_HANDLERS, ApiState, api_routes
-from server.export import to_json
-from server.history import ChatMessage
-from server.store import CallRecord, message_to_data
-from server.store_sqlite import SqliteStore
-from server.stores import open_store
+from server.history.messages import ChatMessage
+from server.store.backends import open_store
+from server.store.base import CallRecord, message_to_data
+from server.store.sqlite import SqliteStore
+from server.web.api import EXCEPTION_HANDLERS, ApiState, api_routes
+from server.web.export import to_json
 from tests.test_store import every_field_messages
 
 

@@ -1,4 +1,4 @@
-"""Request bodies are bounded in time and, over every connection at once, in bytes (server/api.py):
+"""Request bodies are bounded in time and, over every connection at once, in bytes (server/web/api.py):
 a client that sends all but the last byte of an import held it for ever, on every connection."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from server import api
-from server.app import create_app
+from server.web import api
+from server.web.app import create_app
 from tests.support import run_server, settings_for
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from bench.loadkit import abuse
-from server.app import create_app
-from server.ws_guard import LingeringWebSocketProtocol
+from server.web.app import create_app
+from server.web.ws_guard import LingeringWebSocketProtocol
 from tests.support import run_server, settings_for
 
 pytestmark = pytest.mark.anyio

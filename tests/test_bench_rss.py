@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from bench.loadkit import rss
-from server.channel import FRAME_LOG_BYTES
-from server.config import ServerSettings
+from server.config.settings import ServerSettings
+from server.sessions.channel import FRAME_LOG_BYTES
 
 MIB = 1 << 20
 LOAD = Path(__file__).resolve().parent.parent / "bench" / "load.py"

@@ -5,8 +5,8 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.budget import FALLBACK_WINDOW, effective_context_budget
-from server.config import HistoryPruning, RuntimeSettings
+from server.config.settings import HistoryPruning, RuntimeSettings
+from server.history.budget import FALLBACK_WINDOW, effective_context_budget
 
 
 def budget(capacity: int | None = None, **fields: object) -> int:

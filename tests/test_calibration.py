@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from server.calibration import RATIO_MAX, RATIO_MIN, Calibration, Calibrations
-from server.routing import Route
+from server.routing.calibration import RATIO_MAX, RATIO_MIN, Calibration, Calibrations
+from server.routing.resolver import Route
 
 LOCAL = Route("local", "qwen", "default")
 OTHER = Route("local", "llama", "switch")

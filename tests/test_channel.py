@@ -5,8 +5,8 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.channel import FrameChannel, FrameLog, Outbox, Packet, entry_bytes, serialize
-from server.events import EventBus
+from server.sessions.channel import FrameChannel, FrameLog, Outbox, Packet, entry_bytes, serialize
+from server.sessions.events import EventBus
 
 
 def chunk(seq: int, text: str = "x" * 100) -> dict:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from server.classifier import Classifier
-from server.config import ClassifierRule
+from server.config.settings import ClassifierRule
+from server.routing.classifier import Classifier
 
 
 def test_classifier_no_rules_gives_none() -> None:

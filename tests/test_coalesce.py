@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from server.channel import Packet
-from server.connection import coalesce
+from server.sessions.channel import Packet
+from server.web.connection import coalesce
 
 
 def chunk(seq: int, text: str, turn: str = "t") -> Packet:

@@ -3,7 +3,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.compaction import (
+from server.config.settings import CompactionSettings
+from server.history.compaction import (
     SUMMARIZED,
     TRUNCATED,
     apply_summary,
@@ -14,8 +15,7 @@ from server.compaction import (
     rollback,
     summary_request,
 )
-from server.config import CompactionSettings
-from server.history import ChatMessage, ToolCall, estimate_history_tokens, is_turn_start, visible
+from server.history.messages import ChatMessage, ToolCall, estimate_history_tokens, is_turn_start, visible
 from tests.test_history_trim import histories
 
 

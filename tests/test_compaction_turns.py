@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.compaction import SUMMARY_PREFIX
-from server.history import BREADCRUMB_TEXT, ChatMessage, estimate_history_tokens
+from server.history.compaction import SUMMARY_PREFIX
+from server.history.messages import BREADCRUMB_TEXT, ChatMessage, estimate_history_tokens
 from tests.fakes import Reply
 from tests.fakes.base import words
 from tests.support import client, of_type, serve, settings_for

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.config_demo import DEMO_PROFILE
-from server.config_load import load_settings, settings_from_mapping
+from server.config.demo import DEMO_PROFILE
+from server.config.load import load_settings, settings_from_mapping
 from server.errors import ConfigError
 
 
@@ -83,7 +83,7 @@ def test_config_missing_or_broken_file_is_a_config_error(tmp_path):
 
 
 def test_config_defaults_are_the_dataclass_defaults():
-    from server.config import PROVIDER_SCHEMA, ProviderProfile, RuntimeSettings, ServerSettings
+    from server.config.settings import PROVIDER_SCHEMA, ProviderProfile, RuntimeSettings, ServerSettings
 
     settings = settings_from_mapping({}, env={})
     assert settings.server == ServerSettings() and settings.runtime == RuntimeSettings()

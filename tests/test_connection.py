@@ -195,7 +195,7 @@ async def test_coalescing_joins_chunks_without_losing_text(tmp_path):
 
 
 async def test_idle_sessions_leave_the_cache_and_come_back_from_the_store(tmp_path, monkeypatch):
-    monkeypatch.setattr("server.session_cache.MAX_CACHED_SESSIONS", 2)
+    monkeypatch.setattr("server.sessions.cache.MAX_CACHED_SESSIONS", 2)
     with serve(settings_for(tmp_path)) as address:
         ids, last = [], []
         for n in range(4):

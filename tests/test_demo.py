@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.config_load import settings_from_mapping
+from server.config.load import settings_from_mapping
 from tests.support import client, of_type, serve
 
 pytestmark = pytest.mark.anyio

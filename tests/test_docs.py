@@ -7,8 +7,8 @@ import re
 import tomllib
 from pathlib import Path
 
-from server.config import PROVIDER_SCHEMA, ROUTE_SCHEMA, RULE_SCHEMA, SCHEMA
-from server.config_load import env_name
+from server.config.load import env_name
+from server.config.settings import PROVIDER_SCHEMA, ROUTE_SCHEMA, RULE_SCHEMA, SCHEMA
 from server.protocol import CLIENT_FRAMES, SERVER_FRAMES, field_names
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -69,8 +69,8 @@ def test_docs_configuration_names_every_environment_variable():
 
 
 def test_docs_examples_are_valid_settings():
-    from server.config_load import settings_from_mapping
-    from server.routing import RouteResolver
+    from server.config.load import settings_from_mapping
+    from server.routing.resolver import RouteResolver
 
     readme = (DOCS.parent / "README.md").read_text()
     configuration = (DOCS / "configuration.md").read_text()
@@ -83,7 +83,7 @@ def test_docs_examples_are_valid_settings():
 
 def test_docs_protocol_names_every_enumerated_value():
     from server.protocol import ENUMS
-    from server.routing import ROUTE_KINDS
+    from server.routing.resolver import ROUTE_KINDS
 
     text = (DOCS / "protocol.md").read_text()
     for values in [*ENUMS.values(), ROUTE_KINDS]:

@@ -9,11 +9,11 @@ import httpx
 import pytest
 
 from server.errors import ImportRejected
-from server.export import from_json, to_json
-from server.history import ChatMessage
-from server.markdown import to_markdown
-from server.store import CallRecord, StoredSession, message_to_data
-from server.stores import open_store
+from server.history.messages import ChatMessage
+from server.store.backends import open_store
+from server.store.base import CallRecord, StoredSession, message_to_data
+from server.web.export import from_json, to_json
+from server.web.markdown import to_markdown
 from tests.support import SHORT_REPLY, SLOW_DEMO, client, serve, settings_for
 from tests.test_reload import reopened
 from tests.test_store import every_field_messages

@@ -18,8 +18,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from server.errors import StoreUnavailable
-from server.history import ChatMessage
-from server.store_sqlite import FILE_NAME, SqliteStore
+from server.history.messages import ChatMessage
+from server.store.sqlite import FILE_NAME, SqliteStore
 from tests.support import REPO, SHORT_REPLY, SLOW_DEMO, client, run_server, serve, settings_for, text_of
 
 pytestmark = pytest.mark.anyio

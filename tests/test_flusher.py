@@ -9,9 +9,9 @@ from typing import Any
 import anyio
 import pytest
 
-from server.flusher import Flusher
-from server.history import ChatMessage
-from server.store_sqlite import SqliteStore
+from server.history.messages import ChatMessage
+from server.sessions.flusher import Flusher
+from server.store.sqlite import SqliteStore
 
 pytestmark = pytest.mark.anyio
 

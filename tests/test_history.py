@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from server.history import (
+from server.history.messages import (
     BREADCRUMB_TEXT,
     TRIMMED,
     ChatMessage,

@@ -3,7 +3,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.history import (
+from server.history.ledger import HistoryLedger
+from server.history.messages import (
     BREADCRUMB_TEXT,
     ChatMessage,
     Image,
@@ -11,7 +12,7 @@ from server.history import (
     estimate_history_tokens,
     is_turn_start,
 )
-from server.history_trim import (
+from server.history.trim import (
     REASON_OVERFLOW,
     REASON_TURN_LIMIT,
     cap_tool_result,
@@ -22,7 +23,6 @@ from server.history_trim import (
     trim_to_recent_turn_count,
     trim_to_recent_turns,
 )
-from server.ledger import HistoryLedger
 
 PNG = Image("image/png", "aGVsbG8=")
 

@@ -5,11 +5,11 @@ import logging
 import anyio
 import pytest
 
-from server.events import EventBus
-from server.hub import SessionHub
-from server.routing import RouteResolver
-from server.runtime import Runtime
-from server.stores import open_store
+from server.routing.resolver import RouteResolver
+from server.sessions.events import EventBus
+from server.sessions.hub import SessionHub
+from server.sessions.runtime import Runtime
+from server.store.backends import open_store
 from tests.support import settings_for
 
 pytestmark = pytest.mark.anyio
@@ -29,7 +29,7 @@ async def test_hub_spawned_failure_is_logged_and_the_server_goes_on(tmp_path, ca
     try:
         async with anyio.create_task_group() as tasks:
             hub = SessionHub(Runtime(settings, store, {}, RouteResolver(settings, {}), EventBus(), tasks))
-            with caplog.at_level(logging.ERROR, logger="server.hub"):
+            with caplog.at_level(logging.ERROR, logger="server.sessions.hub"):
                 hub.spawn(broken)
                 hub.spawn(fine)  # started after broken (tasks start in order): it ran and failed first
                 await ran.wait()

@@ -7,9 +7,9 @@ import base64
 import pytest
 
 from server.errors import ImageRejected
-from server.history import Image
-from server.images import decode_images
+from server.history.messages import Image
 from server.protocol import ImagePayload
+from server.sessions.images import decode_images
 
 DATA = base64.b64encode(b"\x89PNG" + b"\x00" * 60).decode()
 

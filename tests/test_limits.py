@@ -12,14 +12,14 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from server.app import create_app
-from server.config_load import settings_from_mapping
+from server.config.load import settings_from_mapping
 from server.errors import ConfigError
-from server.history import ChatMessage
-from server.limits import TokenBucket
-from server.routing import RouteResolver
-from server.serving import guarded_h11, guarded_httptools
-from server.store_sqlite import SqliteStore
+from server.history.messages import ChatMessage
+from server.routing.resolver import RouteResolver
+from server.store.sqlite import SqliteStore
+from server.web.app import create_app
+from server.web.limits import TokenBucket
+from server.web.serving import guarded_h11, guarded_httptools
 from tests.support import SHORT_REPLY, client, run_server, serve, settings_for, slow_settings
 
 pytestmark = pytest.mark.anyio

@@ -17,11 +17,11 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from server.config import LiveSettings
-from server.events import EventBus
-from server.lease import TurnLease
-from server.live_channel import RedisChannel
-from server.live_redis import POOL_SIZE, RedisLive
+from server.config.settings import LiveSettings
+from server.live.channel import RedisChannel
+from server.live.lease import TurnLease
+from server.live.redis_live import POOL_SIZE, RedisLive
+from server.sessions.events import EventBus
 from tests.redis_support import RedisServer
 from tests.support import SLOW_DEMO, client, of_type, serve, settings_for, text_of
 
@@ -62,8 +62,8 @@ async def test_live_a_client_on_b_sees_the_turn_a_streams(tmp_path, redis_server
 async def test_live_a_sessions_keys_expire_and_their_expiry_is_not_renewed_per_frame(tmp_path, redis_server):
     """The stream and its counter leave Redis a day after the session goes quiet; the expiry is
     set with the first frame and renewed every EXPIRY_EVERY frames, not once per frame."""
-    from server.lease import session_key
-    from server.live_append import EXPIRY_EVERY, STREAM_TTL_MS
+    from server.live.append import EXPIRY_EVERY, STREAM_TTL_MS
+    from server.live.lease import session_key
 
     redis = Redis.from_url(redis_server.url, decode_responses=True)
     before = (await redis.info("commandstats")).get("cmdstat_pexpire", {}).get("calls", 0)
@@ -217,7 +217,7 @@ async def test_live_lease_is_exclusive_and_released_only_by_its_holder(redis_ser
 
 
 def test_live_settings_are_read_and_checked():
-    from server.config_load import settings_from_mapping
+    from server.config.load import settings_from_mapping
     from server.errors import ConfigError
 
     settings = settings_from_mapping({"live": {"url": "redis://127.0.0.1:1/0"}},
@@ -244,7 +244,7 @@ async def test_live_switch_sent_to_b_holds_for_the_next_turn_on_a(tmp_path, redi
 
 async def test_live_calibration_is_shared_by_every_instance(redis_server):
     """A ratio learned on one instance is adopted by the others (and by one started later)."""
-    from server.live_shared import CALIBRATION_KEY, SharedCalibrations
+    from server.live.shared import CALIBRATION_KEY, SharedCalibrations
 
     redis = Redis.from_url(redis_server.url, decode_responses=True)
     await redis.delete(CALIBRATION_KEY)
@@ -268,9 +268,9 @@ async def test_live_calibration_is_shared_by_every_instance(redis_server):
 async def test_live_a_window_learned_on_one_instance_is_used_by_the_running_others(tmp_path, redis_server):
     """A window named by an overflow error on one instance is stored and heard by an instance that
     is already running: its capacity for the route says so before its next send."""
-    from server.live_shared import SharedCalibrations, SharedWindows
-    from server.routing import RouteResolver
-    from server.stores import open_store
+    from server.live.shared import SharedCalibrations, SharedWindows
+    from server.routing.resolver import RouteResolver
+    from server.store.backends import open_store
 
     settings = live_settings(tmp_path, redis_server.url)
     store = open_store(tmp_path)
@@ -307,8 +307,8 @@ async def test_live_a_window_learned_on_one_instance_is_used_by_the_running_othe
 async def test_live_a_watcher_fills_a_gap_pub_sub_left_from_the_stream(redis_server):
     """Frames that reached the stream but not the live channel (pub/sub drops what a subscriber
     misses) are read from the stream when the next frame shows the gap: nothing lost, in order."""
-    from server.channel import Outbox
-    from server.lease import session_key
+    from server.live.lease import session_key
+    from server.sessions.channel import Outbox
 
     writer, watcher = (RedisLive(LiveSettings(url=redis_server.url), EventBus()) for _ in range(2))
     async with anyio.create_task_group() as tasks:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from server.history import ChatMessage, Image, estimate_history_tokens
-from server.ledger import HistoryLedger
-from server.meter import Anchor, Reading, breakdown, next_anchor
-from server.routing import Capacity, Route
+from server.history.ledger import HistoryLedger
+from server.history.messages import ChatMessage, Image, estimate_history_tokens
+from server.routing.meter import Anchor, Reading, breakdown, next_anchor
+from server.routing.resolver import Capacity, Route
 
 ROUTE = Route("p", "m", "default")
 KNOWN = Capacity(4096, "config")

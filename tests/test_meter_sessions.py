@@ -8,8 +8,8 @@ import sqlite3
 import httpx
 import pytest
 
-from server.history import ChatMessage
-from server.stores import open_store
+from server.history.messages import ChatMessage
+from server.store.backends import open_store
 from tests.support import client, serve, settings_for
 from tests.test_store import Backend
 

@@ -8,9 +8,9 @@ import base64
 
 import pytest
 
-from server.history import ChatMessage, Image, estimate_history_tokens
-from server.meter import tool_schema_tokens
-from server.tools import tool_specs
+from server.history.messages import ChatMessage, Image, estimate_history_tokens
+from server.routing.meter import tool_schema_tokens
+from server.tools.demo import tool_specs
 from tests.support import client, of_type, serve, settings_for
 
 pytestmark = pytest.mark.anyio

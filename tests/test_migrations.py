@@ -16,10 +16,10 @@ import psycopg
 import pytest
 
 from server.errors import ConfigError
-from server.history import stored_marks
-from server.migrations import MIGRATIONS, Migration, migrate_postgres, migrate_sqlite
-from server.store_sqlite import FILE_NAME
-from server.stores import open_store
+from server.history.messages import stored_marks
+from server.store.backends import open_store
+from server.store.migrations import MIGRATIONS, Migration, migrate_postgres, migrate_sqlite
+from server.store.sqlite import FILE_NAME
 from tests.pg_support import PgCluster
 
 # What meterchat wrote before migrations existed (store_sqlite.py at the commit before them),

@@ -5,9 +5,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from server.config import ProviderProfile
+from server.config.settings import ProviderProfile
 from server.errors import ContextOverflow, Overloaded, ProtocolError, RateLimited, Unavailable
-from server.history import ChatMessage, Image, ToolCall
+from server.history.messages import ChatMessage, Image, ToolCall
 from server.providers.anthropic import AnthropicProvider
 from server.providers.base import (
     Finish,

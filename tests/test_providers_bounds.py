@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from server.config import ProviderProfile
+from server.config.settings import ProviderProfile
 from server.errors import AuthError, Overloaded, ProtocolError, Unavailable
-from server.history import ChatMessage
+from server.history.messages import ChatMessage
 from server.providers import build_provider
 from server.providers.base import Finish, Provider, ProviderRequest, TextDelta, ThinkingDelta
 from tests.fakes import FakeProvider, Reply, drain

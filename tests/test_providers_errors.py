@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from server.config import ProviderProfile
+from server.config.settings import ProviderProfile
 from server.errors import AuthError, ContextOverflow, Overloaded, ProtocolError, RateLimited, Unavailable
-from server.history import ChatMessage
+from server.history.messages import ChatMessage
 from server.providers import build_provider
 from server.providers.base import Provider, ProviderRequest
 from tests.fakes import FakeProvider, Reply, drain

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from server.config import ProviderProfile
-from server.config_load import settings_from_mapping
+from server.config.load import settings_from_mapping
+from server.config.settings import ProviderProfile
 from server.errors import ConfigError
-from server.history import ChatMessage
+from server.history.messages import ChatMessage
 from server.providers import build_provider
 from server.providers._http import build_client
 from server.providers.base import Finish, ProviderRequest

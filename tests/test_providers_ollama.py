@@ -4,9 +4,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from server.config import ProviderProfile
+from server.config.settings import ProviderProfile
 from server.errors import ContextOverflow, ProtocolError, Unavailable
-from server.history import ChatMessage, Image, ToolCall
+from server.history.messages import ChatMessage, Image, ToolCall
 from server.providers.base import (
     Finish,
     ProviderRequest,

@@ -12,7 +12,7 @@ import httpcore
 import httpx
 import pytest
 
-from server.config import ProviderProfile
+from server.config.settings import ProviderProfile
 from server.providers._http import build_client
 from server.providers.transport import LeanBackend, build_transport
 from tests.support import run_server

@@ -10,8 +10,8 @@ from typing import Any
 import anyio
 import pytest
 
-from server.notices import NOTICES_SHOWN, Notices
-from server.stores import open_store
+from server.sessions.notices import NOTICES_SHOWN, Notices
+from server.store.backends import open_store
 from tests.fakes import Reply
 from tests.support import client, of_type, serve, settings_for
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.history import ToolCall
-from server.reply import ReplyWriter, Step
+from server.history.messages import ToolCall
+from server.sessions.reply import ReplyWriter, Step
 
 
 class Clock:

@@ -7,13 +7,13 @@ from typing import Any
 import anyio
 import pytest
 
-from server import routing
-from server.budget import FALLBACK_WINDOW
-from server.config import RuntimeSettings, Settings
-from server.config_load import settings_from_mapping
+from server.config.load import settings_from_mapping
+from server.config.settings import RuntimeSettings, Settings
 from server.errors import ConfigError, UnknownRoute
+from server.history.budget import FALLBACK_WINDOW
 from server.providers.base import Provider, ProviderRequest, StreamEvent, TextDelta, WindowInfo
-from server.routing import Capacity, Route, RouteResolver
+from server.routing import resolver as routing
+from server.routing.resolver import Capacity, Route, RouteResolver
 
 
 class CountingProvider:

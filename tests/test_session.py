@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from server.channel import FrameChannel
-from server.compaction import TRUNCATED
-from server.events import EventBus
-from server.history import TRIMMED, ChatMessage, Image, left_out_tokens
-from server.reply import ReplyWriter
-from server.routing import Route
-from server.session import Session
-from server.stores import open_store
+from server.history.compaction import TRUNCATED
+from server.history.messages import TRIMMED, ChatMessage, Image, left_out_tokens
+from server.routing.resolver import Route
+from server.sessions.channel import FrameChannel
+from server.sessions.events import EventBus
+from server.sessions.reply import ReplyWriter
+from server.sessions.session import Session
+from server.store.backends import open_store
 
 ROUTE = Route("demo", "demo-small", "default")
 

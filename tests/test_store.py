@@ -14,11 +14,11 @@ import psycopg
 import pytest
 
 from server.errors import ConfigError, SessionExists, UnknownSession
-from server.history import ChatMessage, Image, ToolCall
-from server.migrations import MIGRATIONS
-from server.store import CallRecord, Store, StoredSession, message_to_data
-from server.store_sqlite import FILE_NAME
-from server.stores import open_store
+from server.history.messages import ChatMessage, Image, ToolCall
+from server.store.backends import open_store
+from server.store.base import CallRecord, Store, StoredSession, message_to_data
+from server.store.migrations import MIGRATIONS
+from server.store.sqlite import FILE_NAME
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[1]
@@ -380,8 +380,8 @@ async def test_store_concurrent_appends_all_land(store: Store) -> None:
 
 CHILD = """
 import sys, anyio
-from server.history import ChatMessage
-from server.stores import open_store
+from server.history.messages import ChatMessage
+from server.store.backends import open_store
 
 async def main(folder, url):
     store = open_store(folder, url)

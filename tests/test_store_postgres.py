@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from server.config_load import settings_from_mapping
+from server.config.load import settings_from_mapping
 from server.errors import ConfigError, StoreUnavailable
-from server.history import ChatMessage
-from server.store_postgres import PostgresStore
-from server.store_sqlite import SqliteStore
-from server.stores import open_store
+from server.history.messages import ChatMessage
+from server.store.backends import open_store
+from server.store.postgres import PostgresStore
+from server.store.sqlite import SqliteStore
 from tests import pg_support
 from tests.pg_support import PgCluster, PostgresMissing, free_port, running_cluster
 from tests.support import SLOW_DEMO, client, serve, settings_for

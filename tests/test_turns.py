@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.history import BREADCRUMB_TEXT
+from server.history.messages import BREADCRUMB_TEXT
 from tests.fakes import Call, FakeAnthropic, FakeOllama, FakeOpenAI, Reply
 from tests.support import client, of_type, serve, settings_for, text_of
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from server.history import TRIMMED, ChatMessage, ToolCall
-from server.views import HISTORY_TOOL_CHARS, display_text, message_view
+from server.history.messages import TRIMMED, ChatMessage, ToolCall
+from server.sessions.views import HISTORY_TOOL_CHARS, display_text, message_view
 
 
 def test_history_view_clips_tool_text_over_the_limit():

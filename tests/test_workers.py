@@ -25,7 +25,7 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from server.workers import CRASH_LIMIT, STOP_MARGIN, WORKER_HEADER, Supervisor, worker_count
+from server.web.workers import CRASH_LIMIT, STOP_MARGIN, WORKER_HEADER, Supervisor, worker_count
 from tests.processes import LoggedProcess
 from tests.redis_support import RedisServer, free_port
 from tests.support import Client, client, of_type, text_of
@@ -125,7 +125,7 @@ async def test_workers_connections_land_on_both_workers(tmp_path, redis_server):
 
 
 def test_workers_keep_the_guarded_http_protocol(tmp_path, redis_server):
-    """Each worker serves with the head deadline of server.serving (a slowloris head is cut off)."""
+    """Each worker serves with the head deadline of server.web.serving (a slowloris head is cut off)."""
     with workers(tmp_path, redis_server, "header_timeout_seconds = 1.0\n") as running:
         cut = [trickle_until_closed(running.address, pace=0.2, budget=8.0) for _ in range(2)]
     assert all(after is not None and 0.8 < after < 4.0 for after in cut)

@@ -1,4 +1,4 @@
-"""A refused frame is answered with a close frame the client can read (server/ws_guard.py): a raw
+"""A refused frame is answered with a close frame the client can read (server/web/ws_guard.py): a raw
 socket sends a frame over ``ws_max_size`` in full and must read close 1009, not a TCP reset."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import socket
 import struct
 import time
 
-from server.app import create_app
-from server.ws_guard import LingeringWebSocketProtocol
+from server.web.app import create_app
+from server.web.ws_guard import LingeringWebSocketProtocol
 from tests.support import run_server, settings_for
 
 OVERSIZED = 20 << 20  # the load bench's abuse frame; the server's limit is 16 MiB

@@ -29,8 +29,8 @@ def series(samples: list[int], every: float = STEP, sampled: float = SAMPLE) -> 
 def bound(base: int, sessions: int, connections: int) -> dict[str, Any]:
     """The bound for ``sessions`` in memory and ``connections`` open, from the server's defaults
     (the load bench's configuration leaves both settings as they are)."""
-    from server.channel import FRAME_LOG_BYTES
-    from server.config import ServerSettings
+    from server.config.settings import ServerSettings
+    from server.sessions.channel import FRAME_LOG_BYTES
 
     outbox = ServerSettings().max_outbox_bytes
     total = base + sessions * FRAME_LOG_BYTES + connections * outbox

@@ -52,7 +52,7 @@ def uvicorn_options(args: argparse.Namespace) -> dict[str, str]:
 
 def lifted_limits() -> tuple[str, list[str]]:
     """TOML lines lifting connection limits the server offers as settings, and notes on the rest."""
-    from server.config import PROVIDER_SCHEMA
+    from server.config.settings import PROVIDER_SCHEMA
 
     names = [s.name for s in PROVIDER_SCHEMA if "connections" in s.name]
     if not names:

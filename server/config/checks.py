@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from server.config import ProviderProfile, Setting
+from server.config.settings import ProviderProfile, Setting
 from server.errors import ConfigError
 
 PROVIDER_KINDS = ("openai", "anthropic", "ollama", "demo")

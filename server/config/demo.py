@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from server.config import ProviderProfile
+from server.config.settings import ProviderProfile
 
 DEMO_ROUTES = ({"hint": "open", "provider": "demo", "model": "demo-open"},)
 DEMO_PROFILE = ProviderProfile(

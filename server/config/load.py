@@ -17,7 +17,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from server.config import (
+from server.config.checks import (
+    POSITIVE_SERVER_SETTINGS,
+    check_compaction,
+    check_live,
+    check_positive,
+    check_provider,
+    check_route,
+    check_type,
+)
+from server.config.demo import providers_or_demo, routes_or_demo
+from server.config.settings import (
     PROVIDER_SCHEMA,
     ROUTE_SCHEMA,
     RULE_SCHEMA,
@@ -34,16 +44,6 @@ from server.config import (
     Settings,
     StoreSettings,
 )
-from server.config_checks import (
-    POSITIVE_SERVER_SETTINGS,
-    check_compaction,
-    check_live,
-    check_positive,
-    check_provider,
-    check_route,
-    check_type,
-)
-from server.config_demo import providers_or_demo, routes_or_demo
 from server.errors import ConfigError
 
 TOP_LEVEL_KEYS = {"server", "store", "live", "runtime", "providers", "default_route", "model_routes",

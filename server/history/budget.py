@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from server.config import RuntimeSettings
+from server.config.settings import RuntimeSettings
 
 FALLBACK_WINDOW = 32_000
 

@@ -26,7 +26,7 @@ Summarization is a plan: the caller sends ``summary_request(plan)`` to a model a
 
 Not pure: ``plan_compaction`` only reads, but ``apply_truncation``, ``apply_summary`` and ``rollback``
 change the planned messages' marks in place, and ``apply_summary`` inserts into the transcript it is
-given. The caller (``server.compaction_runner``) stores the marks and rebuilds the session's ledger.
+given. The caller (``server.sessions.compaction_runner``) stores the marks and rebuilds the session's ledger.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from server.config import CompactionSettings
-from server.history import DEFAULT_IMAGE_TOKEN_COST, TOOL_RESULTS_PREFIX, ChatMessage, visible
-from server.history_trim import cap_tool_result, message_costs
+from server.config.settings import CompactionSettings
+from server.history.messages import DEFAULT_IMAGE_TOKEN_COST, TOOL_RESULTS_PREFIX, ChatMessage, visible
+from server.history.trim import cap_tool_result, message_costs
 
 TRUNCATED = "truncated by compaction"
 SUMMARIZED = "summarized by compaction"

@@ -6,7 +6,7 @@ start. ``estimate`` is O(1); ``append`` is O(1) per message; ``trim``/``trim_tur
 O(dropped turns + dropped messages). Results agree with ``estimate_history_tokens`` and with
 ``trim_to_recent_turns``/``trim_to_recent_turn_count`` on the same messages.
 
-How ``server.session.Session`` uses it: it builds one from the transcript's sendable messages (its
+How ``server.sessions.session.Session`` uses it: it builds one from the transcript's sendable messages (its
 leading system messages, the session's own breadcrumb when older turns were left out to fit, then
 every message still sent), ``append``s each message that joins the history, calls ``trim`` /
 ``trim_turn_count`` before each provider call and marks ``report.dropped`` trimmed in the
@@ -18,8 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from server.history import DEFAULT_IMAGE_TOKEN_COST, ChatMessage, image_tokens, is_turn_start, old_turn_tokens
-from server.history_trim import (
+from server.history.messages import (
+    DEFAULT_IMAGE_TOKEN_COST,
+    ChatMessage,
+    image_tokens,
+    is_turn_start,
+    old_turn_tokens,
+)
+from server.history.trim import (
     BREADCRUMB_TOKENS,
     REASON_OVERFLOW,
     REASON_TOKEN_BUDGET,

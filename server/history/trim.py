@@ -13,7 +13,7 @@ something is dropped, one breadcrumb sits right after the leading system message
 is reused). Inputs are never mutated: the caller marks ``TrimReport.dropped`` as trimmed.
 
 The input is the history as it will be sent (``history.visible``). A session's every-turn path uses
-``server.ledger.HistoryLedger``, which does the same arithmetic incrementally. These whole-list
+``server.history.ledger.HistoryLedger``, which does the same arithmetic incrementally. These whole-list
 functions are kept on purpose: they are the plain statement of what a trim must do, and the oracle the
 ledger is tested against (``tests/test_history_trim.py`` runs both over the same histories).
 """
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from server.history import (
+from server.history.messages import (
     BREADCRUMB_TEXT,
     DEFAULT_IMAGE_TOKEN_COST,
     ChatMessage,

@@ -16,10 +16,10 @@ import anyio
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, RedisError
 
-from server.channel import Frame
-from server.events import OBSERVED_TYPES
-from server.lease import PREFIX, session_key
-from server.live_channel import RedisChannel
+from server.live.channel import RedisChannel
+from server.live.lease import PREFIX, session_key
+from server.sessions.channel import Frame
+from server.sessions.events import OBSERVED_TYPES
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from typing import Protocol
 
 import anyio
 
-from server.channel import Frame, FrameChannel, Outbox, Packet
 from server.errors import error_frame
-from server.events import EventBus
-from server.lease import LiveUnavailable
+from server.live.lease import LiveUnavailable
+from server.sessions.channel import Frame, FrameChannel, Outbox, Packet
+from server.sessions.events import EventBus
 
 
 class LiveSide(Protocol):

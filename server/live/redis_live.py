@@ -34,14 +34,14 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from server.channel import Frame
-from server.config import LiveSettings
-from server.events import EventBus
-from server.lease import PREFIX, Claim, LiveUnavailable, TurnLease, session_key
-from server.live_append import EVENTS_CHANNEL, Appender
-from server.live_channel import RedisChannel
-from server.live_shared import SharedCalibrations, SharedWindows
-from server.routing import RouteResolver
+from server.config.settings import LiveSettings
+from server.live.append import EVENTS_CHANNEL, Appender
+from server.live.channel import RedisChannel
+from server.live.lease import PREFIX, Claim, LiveUnavailable, TurnLease, session_key
+from server.live.shared import SharedCalibrations, SharedWindows
+from server.routing.resolver import RouteResolver
+from server.sessions.channel import Frame
+from server.sessions.events import EventBus
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from anyio.abc import TaskGroup
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from server.calibration import DEFAULT_ALPHA, Calibration, Calibrations
-from server.lease import PREFIX
-from server.routing import WindowMemory
+from server.live.lease import PREFIX
+from server.routing.calibration import DEFAULT_ALPHA, Calibration, Calibrations
+from server.routing.resolver import WindowMemory
 
 log = logging.getLogger(__name__)
 

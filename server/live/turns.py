@@ -16,12 +16,12 @@ from typing import Any
 
 import anyio
 
-from server.channel import Frame
 from server.errors import Busy, error_frame
-from server.lease import Claim, InstanceLost, LiveUnavailable
-from server.live_redis import RedisLive
-from server.session import Session, TurnHandle
-from server.views import history_frame
+from server.live.lease import Claim, InstanceLost, LiveUnavailable
+from server.live.redis_live import RedisLive
+from server.sessions.channel import Frame
+from server.sessions.session import Session, TurnHandle
+from server.sessions.views import history_frame
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from server.config import ProviderProfile
+from server.config.settings import ProviderProfile
 from server.providers.base import Provider
 
 

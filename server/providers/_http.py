@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import anyio
 import httpx
 
-from server.config import ProviderProfile
+from server.config.settings import ProviderProfile
 from server.errors import ProtocolError, ProviderError
 from server.providers.base import StreamEvent
 from server.providers.decoders import LineTooLong

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server.errors import ProtocolError
-from server.history import ChatMessage
+from server.history.messages import ChatMessage
 from server.providers import _http
 from server.providers.base import (
     Finish,

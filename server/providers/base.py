@@ -12,7 +12,7 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from server.history import ChatMessage
+from server.history.messages import ChatMessage
 
 
 @dataclass(frozen=True)

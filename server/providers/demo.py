@@ -18,9 +18,9 @@ from collections.abc import AsyncGenerator, Sequence
 
 import anyio
 
-from server.config import ProviderProfile
+from server.config.settings import ProviderProfile
 from server.errors import ContextOverflow, ProtocolError
-from server.history import ChatMessage, is_turn_start
+from server.history.messages import ChatMessage, is_turn_start
 from server.providers.base import (
     Finish,
     ProviderRequest,
@@ -31,7 +31,7 @@ from server.providers.base import (
     Usage,
     WindowInfo,
 )
-from server.tools import known_titles
+from server.tools.demo import known_titles
 
 DEMO_WINDOWS = {"demo-small": 4096, "demo-open": 16384}
 _LOOKUP = re.compile(r"\b(look\s*up|lookup|find|fetch|read)\b", re.IGNORECASE)

@@ -1,6 +1,6 @@
 """Per-route calibration of our token estimate against what the provider reports.
 
-Our estimate (``server.history``: UTF-8 bytes / 4 + 4 per message) is a heuristic; each provider's
+Our estimate (``server.history.messages``: UTF-8 bytes / 4 + 4 per message) is a heuristic; each provider's
 tokenizer counts differently. After every call whose usage reports ``input_tokens`` we learn the
 ratio ``reported / estimate`` for the provider/model route that served it, and ``apply`` scales a
 fresh estimate by it.

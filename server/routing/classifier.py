@@ -6,7 +6,7 @@ order (a stable sort). A rule matches when the text's UTF-8 byte length lies wit
 case-insensitive substring, or any pattern is a case-sensitive substring, or the rule lists neither
 (a pure length rule). The first matching rule's hint wins; no match gives ``None``.
 
-The classifier only names a hint; ``server.routing.RouteResolver`` decides what the hint means.
+The classifier only names a hint; ``server.routing.resolver.RouteResolver`` decides what the hint means.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from server.config import ClassifierRule
+from server.config.settings import ClassifierRule
 
 
 @dataclass(frozen=True)

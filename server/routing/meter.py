@@ -3,7 +3,7 @@
 Every figure the user sees about the prompt's size comes from one ``Reading``: the meter's
 ``estimated_tokens``, the trim notices' ``tokens_before``/``tokens_after``, the trim budget and the
 capacity check. A reading holds the raw estimate of the next request (system prompt, history, images,
-tool schemas; ``server.history``'s bytes/4 heuristic) and turns it into the route's count:
+tool schemas; ``server.history.messages``'s bytes/4 heuristic) and turns it into the route's count:
 
 - anchored: when the provider counted an earlier request of this session on this route, the figure
   is that count plus the calibrated estimate of everything added (or dropped) since:
@@ -25,12 +25,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from server.config import ProviderProfile
-from server.ledger import HistoryLedger
+from server.config.settings import ProviderProfile
+from server.history.ledger import HistoryLedger
 from server.protocol import server_frame
 from server.providers.base import ToolSpec
-from server.routing import Capacity, Route, RouteResolver
-from server.tools import tool_specs
+from server.routing.resolver import Capacity, Route, RouteResolver
+from server.tools.demo import tool_specs
 
 
 def tool_schema_tokens(tools: Sequence[ToolSpec]) -> int:

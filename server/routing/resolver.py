@@ -40,12 +40,12 @@ from typing import Any, Protocol
 
 import anyio
 
-from server.budget import effective_context_budget
-from server.calibration import Calibrations
-from server.classifier import Classifier
-from server.config import ProviderProfile, Settings
+from server.config.settings import ProviderProfile, Settings
 from server.errors import ConfigError, UnknownRoute
+from server.history.budget import effective_context_budget
 from server.providers.base import Provider
+from server.routing.calibration import Calibrations
+from server.routing.classifier import Classifier
 
 log = logging.getLogger(__name__)
 

@@ -14,17 +14,17 @@ import uuid
 
 import anyio
 
-from server.channel import FrameChannel
 from server.errors import UnknownSession
-from server.history import ChatMessage
-from server.live_channel import RedisChannel
-from server.live_redis import RedisLive
+from server.history.messages import ChatMessage
+from server.live.channel import RedisChannel
+from server.live.redis_live import RedisLive
 from server.protocol import echo
-from server.restore import Restores
-from server.routing import Route
-from server.runtime import Runtime
-from server.session import Session, utc_now
-from server.store import StoredSession
+from server.routing.resolver import Route
+from server.sessions.channel import FrameChannel
+from server.sessions.restore import Restores
+from server.sessions.runtime import Runtime
+from server.sessions.session import Session, utc_now
+from server.store.base import StoredSession
 
 DEFAULT_TITLE = "New chat"
 MAX_CACHED_SESSIONS = 128  # with FRAME_LOG_BYTES, bounds the frame logs to about 256 MiB

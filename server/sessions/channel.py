@@ -25,7 +25,7 @@ from typing import Any
 
 import anyio
 
-from server.events import EventBus
+from server.sessions.events import EventBus
 
 FRAME_LOG_BYTES = 2 * 1024 * 1024  # per session: long enough to resume a long reply
 # Per logged text beyond sys.getsizeof: its deque slot (8.25 bytes) and pymalloc's rounding to

@@ -1,5 +1,5 @@
 """Group compaction in the turn loop (``[runtime.compaction]``), around the planner in
-``server.compaction``.
+``server.history.compaction``.
 
 Runs before each provider call, after the turn limit and before the token-budget trim. Truncation
 marks the oldest groups excluded. Summarization asks the turn's own route for a summary of what is
@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from server.compaction import (
+from server.config.settings import CompactionSettings, RuntimeSettings
+from server.errors import MeterchatError
+from server.history.compaction import (
     CompactionPlan,
     apply_summary,
     apply_truncation,
@@ -21,14 +23,12 @@ from server.compaction import (
     rollback,
     summary_request,
 )
-from server.config import CompactionSettings, RuntimeSettings
-from server.errors import MeterchatError
-from server.history import is_turn_start
-from server.meter import Reading
+from server.history.messages import is_turn_start
 from server.protocol import server_frame
 from server.providers.base import Provider, ProviderRequest, TextDelta
-from server.routing import Route
-from server.session import Session, dropped_ids
+from server.routing.meter import Reading
+from server.routing.resolver import Route
+from server.sessions.session import Session, dropped_ids
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ import anyio
 from anyio.abc import TaskGroup
 
 from server.errors import MeterchatError
-from server.history import ChatMessage
-from server.store import Store
+from server.history.messages import ChatMessage
+from server.store.base import Store
 
 log = logging.getLogger(__name__)
 

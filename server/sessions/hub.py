@@ -22,23 +22,23 @@ from typing import Any
 
 import anyio
 
-from server.channel import Frame, Outbox
-from server.compaction_runner import compaction_for
 from server.errors import BadFrame, Busy, StoreUnavailable, UnknownRoute, UnknownSession, error_frame
-from server.history import ChatMessage, Image
-from server.images import decode_images
-from server.lease import Claim
-from server.live_redis import RedisLive
-from server.live_turns import LiveTurns
+from server.history.messages import ChatMessage, Image
+from server.live.lease import Claim
+from server.live.redis_live import RedisLive
+from server.live.turns import LiveTurns
 from server.protocol import EDIT_PREVIEW, ImagePayload, echo, server_frame
-from server.routing import Route
-from server.runtime import Runtime
-from server.session import Session, TurnHandle, utc_now
-from server.session_cache import DEFAULT_TITLE, SessionCache
-from server.turn import Turn
-from server.unsaved import UnsavedWriter
-from server.versions import Replaces
-from server.views import history_frame, history_page_frame, image_urls, session_frame
+from server.routing.resolver import Route
+from server.sessions.cache import DEFAULT_TITLE, SessionCache
+from server.sessions.channel import Frame, Outbox
+from server.sessions.compaction_runner import compaction_for
+from server.sessions.images import decode_images
+from server.sessions.runtime import Runtime
+from server.sessions.session import Session, TurnHandle, utc_now
+from server.sessions.turn import Turn
+from server.sessions.unsaved import UnsavedWriter
+from server.sessions.versions import Replaces
+from server.sessions.views import history_frame, history_page_frame, image_urls, session_frame
 
 log = logging.getLogger(__name__)
 

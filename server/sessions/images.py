@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from starlette.responses import Response
 
 from server.errors import ImageRejected, UnknownSession
-from server.history import ChatMessage, Image
+from server.history.messages import ChatMessage, Image
 from server.protocol import ImagePayload, echo
 
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")

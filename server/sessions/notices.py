@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 
 from server.errors import StoreUnavailable, UnknownSession
-from server.store import Store
+from server.store.base import Store
 
 Notice = dict[str, Any]
 # A reload gets this many of a session's newest notices: a page of lines, not an unbounded frame.

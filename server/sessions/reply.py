@@ -21,7 +21,7 @@ import enum
 import time
 from collections.abc import Callable, Sequence
 
-from server.history import ChatMessage, ToolCall
+from server.history.messages import ChatMessage, ToolCall
 
 
 class Step(enum.Enum):

@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 
 from server.errors import UnknownRoute
-from server.live_redis import RedisLive
-from server.routing import Route
-from server.runtime import Runtime
-from server.session import Session
+from server.live.redis_live import RedisLive
+from server.routing.resolver import Route
+from server.sessions.runtime import Runtime
+from server.sessions.session import Session
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 
 from anyio.abc import TaskGroup
 
-from server.config import RuntimeSettings, Settings
-from server.events import EventBus
-from server.flusher import Flusher
-from server.meter import Meter
+from server.config.settings import RuntimeSettings, Settings
 from server.providers.base import Provider
-from server.routing import RouteResolver
-from server.store import Store
+from server.routing.meter import Meter
+from server.routing.resolver import RouteResolver
+from server.sessions.events import EventBus
+from server.sessions.flusher import Flusher
+from server.store.base import Store
 
 
 @dataclass

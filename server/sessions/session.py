@@ -20,9 +20,9 @@ from typing import Any
 
 import anyio
 
-from server.channel import Frame, FrameChannel
-from server.compaction import TRUNCATED
-from server.history import (
+from server.history.compaction import TRUNCATED
+from server.history.ledger import HistoryLedger
+from server.history.messages import (
     BREADCRUMB_TEXT,
     DEFAULT_IMAGE_TOKEN_COST,
     TRIMMED,
@@ -30,14 +30,14 @@ from server.history import (
     estimate_history_tokens,
     left_out_tokens,
 )
-from server.history_trim import TrimReport, sweep_orphans
-from server.ledger import HistoryLedger
-from server.meter import Anchor, Meter, Reading
-from server.notices import OBSERVED, Notice, Notices
+from server.history.trim import TrimReport, sweep_orphans
 from server.protocol import server_frame
-from server.reply import ReplyWriter
-from server.routing import Route
-from server.store import CallRecord, Store
+from server.routing.meter import Anchor, Meter, Reading
+from server.routing.resolver import Route
+from server.sessions.channel import Frame, FrameChannel
+from server.sessions.notices import OBSERVED, Notice, Notices
+from server.sessions.reply import ReplyWriter
+from server.store.base import CallRecord, Store
 
 ORPHANED = "orphaned tool message (its call or result is missing)"
 

@@ -19,8 +19,6 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.calibration import plausible
-from server.compaction_runner import Compaction, NoCompaction
 from server.errors import (
     CapacityExceeded,
     ContextOverflow,
@@ -29,9 +27,8 @@ from server.errors import (
     StoreUnavailable,
     error_frame,
 )
-from server.history import ChatMessage, ToolCall, estimate_history_tokens
-from server.history_trim import REASON_OVERFLOW, TrimReport, cap_tool_result, recovery_budget, sweep_orphans
-from server.meter import Reading, next_anchor
+from server.history.messages import ChatMessage, ToolCall, estimate_history_tokens
+from server.history.trim import REASON_OVERFLOW, TrimReport, cap_tool_result, recovery_budget, sweep_orphans
 from server.protocol import server_frame
 from server.providers.base import (
     Finish,
@@ -43,12 +40,15 @@ from server.providers.base import (
     ToolSpec,
     Usage,
 )
-from server.reply import ReplyWriter, Step
-from server.routing import Route
-from server.runtime import Runtime
-from server.session import Session, utc_now
-from server.store import CallRecord
-from server.tools import run_tool
+from server.routing.calibration import plausible
+from server.routing.meter import Reading, next_anchor
+from server.routing.resolver import Route
+from server.sessions.compaction_runner import Compaction, NoCompaction
+from server.sessions.reply import ReplyWriter, Step
+from server.sessions.runtime import Runtime
+from server.sessions.session import Session, utc_now
+from server.store.base import CallRecord
+from server.tools.demo import run_tool
 
 log = logging.getLogger(__name__)
 

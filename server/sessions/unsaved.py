@@ -15,7 +15,7 @@ import anyio
 
 from server.errors import StoreUnavailable
 from server.protocol import server_frame
-from server.session import Session
+from server.sessions.session import Session
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from server.errors import BadFrame
 from server.protocol import ID_CHARS, echo, server_frame
-from server.session import Session
+from server.sessions.session import Session
 
 RETRIED = "replaced by a retry"  # the same question again after a failed or stopped reply
 REGENERATED = "replaced by a regenerated reply"  # the same question again after a complete reply

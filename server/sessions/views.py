@@ -6,7 +6,7 @@ are clipped here (the store and the exports keep them whole); images are URLs to
 usage and cost (joined from the calls the store records per turn; a reply whose turn is still in its
 first call takes the route of that call's ``route`` frame); a reply still being written is marked
 ``streaming``. The ``history`` frame also carries the session's trims and its other lines
-(errors, notices, switches: ``server.notices``), so they come back where they happened.
+(errors, notices, switches: ``server.sessions.notices``), so they come back where they happened.
 
 History goes out in pages, newest first: the ``history`` snapshot carries the newest messages (at
 most ``server.history_page_messages``, and about ``HISTORY_PAGE_BYTES`` of text) and says how many
@@ -20,11 +20,11 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote
 
-from server.channel import Frame
-from server.history import ChatMessage, stored_marks
+from server.history.messages import ChatMessage, stored_marks
 from server.protocol import PROTOCOL_VERSION, server_frame
-from server.session import Session
-from server.store import CallRecord
+from server.sessions.channel import Frame
+from server.sessions.session import Session
+from server.store.base import CallRecord
 
 HISTORY_TOOL_CHARS = 8000
 HISTORY_PAGE_BYTES = 1024 * 1024  # text per page; a single longer message is clipped to it
@@ -49,7 +49,7 @@ def _shown_chars(message: ChatMessage) -> int:
 
 
 def image_url(session_id: str, message_id: str, index: int) -> str:
-    """Where the page fetches an attached image (``server.images.image_endpoint`` serves it)."""
+    """Where the page fetches an attached image (``server.sessions.images.image_endpoint`` serves it)."""
     return f"/api/sessions/{quote(session_id, safe='')}/images/{quote(message_id, safe='')}/{index}"
 
 

@@ -1,6 +1,6 @@
 """Which store a server uses: ``open_store`` picks the backend ``[store] url`` names.
 
-Kept apart from ``server.store`` (the interface and the codec every backend imports) so that no
+Kept apart from ``server.store.base`` (the interface and the codec every backend imports) so that no
 backend module and the interface import each other.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from server.errors import ConfigError
-from server.store import Store
-from server.store_postgres import PostgresStore
-from server.store_sqlite import SqliteStore
+from server.store.base import Store
+from server.store.postgres import PostgresStore
+from server.store.sqlite import SqliteStore
 
 
 def open_store(data_dir: str | Path, url: str = "", pool_size: int = 10, timeout: float = 10.0) -> Store:

@@ -2,9 +2,9 @@
 
 A session is a title, a route, an ordered transcript of ``ChatMessage`` (every mark and the turn id
 kept) and the list of provider calls it made. ``Store`` is the contract the session code calls; the
-embedded SQLite backend (``server.store_sqlite``) is the default; PostgreSQL (``server.store_postgres``)
+embedded SQLite backend (``server.store.sqlite``) is the default; PostgreSQL (``server.store.postgres``)
 is the server-grade one several instances can share, chosen by ``[store] url``. Both run the same
-numbered schema migrations (``server.migrations``) when opened.
+numbered schema migrations (``server.store.migrations``) when opened.
 
 Contract of the write methods: when the awaited call returns, the write is committed (a crash after
 that point loses nothing). ``append_messages`` adds after the last message; ``save_messages``
@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from types import UnionType
 from typing import Any, Protocol, Union, get_args, get_origin, get_type_hints
 
-from server.history import ChatMessage, left_out_from, stored_marks
+from server.history.messages import ChatMessage, left_out_from, stored_marks
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class Store(Protocol):
     async def get_summary(self, session_id: str) -> SessionSummary | None: ...
 
     # newest first; ``query`` matches titles and message text; ``before`` and ``before_id``, the
-    # last row of the previous page (``server.session_search``)
+    # last row of the previous page (``server.store.search``)
     async def list_sessions(self, query: str = "", before: str | None = None, limit: int | None = None,
                             before_id: str | None = None) -> list[SessionSummary]: ...
 
@@ -102,7 +102,7 @@ class Store(Protocol):
     async def record_trim(self, session_id: str, trim: Mapping[str, Any],
                           marked: Sequence[ChatMessage] = ()) -> None: ...
 
-    # an error, notice, switch or command line of the transcript (``server.notices``)
+    # an error, notice, switch or command line of the transcript (``server.sessions.notices``)
     async def record_notice(self, session_id: str, notice: Mapping[str, Any]) -> None: ...
 
     async def import_session(self, session: StoredSession) -> None: ...

@@ -137,7 +137,7 @@ CREATE INDEX IF NOT EXISTS messages_text ON messages USING GIN ({PG_MESSAGE_TEXT
 """
 
 # Version 5: the transcript's other lines (a turn's error, notices, a switch, a typed command), kept
-# with where they happened so a reload draws them again (``server.notices``).
+# with where they happened so a reload draws them again (``server.sessions.notices``).
 _SQLITE_5 = """
 CREATE TABLE IF NOT EXISTS notices (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,

@@ -7,7 +7,7 @@ collide. A message is one JSON document (``message_to_data``) beside its key and
 calls keep typed columns so usage can be summed in SQL.
 
 Opening (``PostgresStore.open``) connects once, synchronously, and runs the pending migrations
-(``server.migrations``), so a wrong URL or an unreachable server stops start-up with a message. The
+(``server.store.migrations``), so a wrong URL or an unreachable server stops start-up with a message. The
 pool itself opens on the first call, in the event loop that makes it, and stays bound to that loop.
 
 Order: as in the SQLite store, a ``position`` float per message; append takes ``max + 1``,
@@ -27,10 +27,8 @@ from psycopg.types.string import StrDumperUnknown
 from psycopg_pool import AsyncConnectionPool
 
 from server.errors import ConfigError, SessionExists, StoreUnavailable, UnknownSession
-from server.history import ChatMessage
-from server.migrations import migrate_postgres
-from server.session_search import POSTGRES, SUMMARY, search_sql
-from server.store import (
+from server.history.messages import ChatMessage
+from server.store.base import (
     CALL_FIELDS,
     CallRecord,
     Clock,
@@ -40,6 +38,8 @@ from server.store import (
     message_from_data,
     message_to_data,
 )
+from server.store.migrations import migrate_postgres
+from server.store.search import POSTGRES, SUMMARY, search_sql
 
 Conn = psycopg.AsyncConnection[Any]
 Row = tuple[Any, ...]
@@ -78,7 +78,7 @@ def _where(url: str) -> str:
 
 
 class PostgresStore:
-    """The ``server.store.Store`` contract on a PostgreSQL database; build it with ``open_store``."""
+    """The ``server.store.base.Store`` contract on a PostgreSQL database; build it with ``open_store``."""
 
     def __init__(self, url: str, pool_size: int, timeout: float = CONNECT_SECONDS) -> None:
         # check: a connection is tested when handed out, so one that a database restart closed is

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from server.migrations import PG_MESSAGE_TEXT
+from server.store.migrations import PG_MESSAGE_TEXT
 
 SUMMARY = ("SELECT s.id, s.title, s.route, s.created_at, s.updated_at, "
            "(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id) FROM sessions s")

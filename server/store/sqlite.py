@@ -2,7 +2,7 @@
 
 WAL journal with ``synchronous=NORMAL``: a committed write survives the process being killed
 (SIGKILL included); only a power cut can lose the last few commits. Opening runs the pending schema
-migrations (``server.migrations``); a file written by a newer schema stops start-up.
+migrations (``server.store.migrations``); a file written by a newer schema stops start-up.
 
 Threading: one connection, opened with ``check_same_thread=False`` and serialised by a
 ``threading.Lock`` held inside the worker thread that ``anyio.to_thread.run_sync`` runs each call
@@ -34,10 +34,8 @@ from typing import Any, TypeVar
 import anyio.to_thread
 
 from server.errors import ConfigError, SessionExists, StoreUnavailable, UnknownSession
-from server.history import ChatMessage
-from server.migrations import migrate_sqlite
-from server.session_search import SQLITE, SUMMARY, search_sql
-from server.store import (
+from server.history.messages import ChatMessage
+from server.store.base import (
     CALL_FIELDS,
     MESSAGE_FIELDS,
     MESSAGE_FLAGS,
@@ -50,13 +48,15 @@ from server.store import (
     message_from_data,
     message_to_data,
 )
+from server.store.migrations import migrate_sqlite
+from server.store.search import SQLITE, SUMMARY, search_sql
 
 FILE_NAME = "meterchat.sqlite3"
 T = TypeVar("T")
 
-# The tables are the migrations' (``server.migrations``: version 1 is the schema written before
+# The tables are the migrations' (``server.store.migrations``: version 1 is the schema written before
 # migrations, verbatim; a new field needs a new migration). The message columns are the codec's
-# (``server.store.MESSAGE_FIELDS``: flags as INTEGER 0/1, lists as JSON TEXT); the test that reads
+# (``server.store.base.MESSAGE_FIELDS``: flags as INTEGER 0/1, lists as JSON TEXT); the test that reads
 # a version-1 file holds the two together.
 _FIELDS = MESSAGE_FIELDS[1:]  # the columns after (session_id, id, position)
 _INSERT = (f"INSERT INTO messages (session_id, id, position, {', '.join(_FIELDS)}) "
@@ -96,7 +96,7 @@ def _message(row: Row) -> ChatMessage:
 
 
 class SqliteStore:
-    """The ``server.store.Store`` contract on one SQLite file; build it with ``open_store``."""
+    """The ``server.store.base.Store`` contract on one SQLite file; build it with ``open_store``."""
 
     def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
         self.path = path

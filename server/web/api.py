@@ -1,4 +1,4 @@
-"""The sessions REST API, over any ``server.store.Store``.
+"""The sessions REST API, over any ``server.store.base.Store``.
 
     GET    /api/sessions                         200 [summary, ...] (newest first)
     POST   /api/sessions/import                  201 {"session_id"}   body: an exported JSON document
@@ -34,10 +34,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from server.errors import Busy, ClientError, SessionExists, SlowBody, TooLarge, UnknownSession
-from server.export import from_json, to_json
-from server.markdown import to_markdown
 from server.protocol import echo
-from server.store import SessionSummary, Store
+from server.store.base import SessionSummary, Store
+from server.web.export import from_json, to_json
+from server.web.markdown import to_markdown
 
 OnChange = Callable[[str, str], Awaitable[None]]
 MAX_IMPORT_BYTES = 32 * 1024 * 1024  # tests' default; the server passes server.max_import_bytes

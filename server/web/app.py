@@ -33,22 +33,30 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from server.access import AccessGuard, redact_tokens_in_logs
-from server.api import EXCEPTION_HANDLERS, ApiState, OnChange, api_routes, error_body
-from server.config import Settings
-from server.config_load import load_settings
-from server.connection import Connection
-from server.events import EventBus, sse_stream
-from server.hub import SessionHub
-from server.images import find_image, image_response
-from server.live_redis import RedisLive
+from server.config.load import load_settings
+from server.config.settings import Settings
+from server.live.redis_live import RedisLive
 from server.providers import build_provider
-from server.routing import RouteResolver
-from server.runtime import Runtime
-from server.stores import open_store
+from server.routing.resolver import RouteResolver
+from server.sessions.events import EventBus, sse_stream
+from server.sessions.hub import SessionHub
+from server.sessions.images import find_image, image_response
+from server.sessions.runtime import Runtime
+from server.store.backends import open_store
+from server.web.access import AccessGuard, redact_tokens_in_logs
+from server.web.api import EXCEPTION_HANDLERS, ApiState, OnChange, api_routes, error_body
+from server.web.connection import Connection
 
-ROOT = Path(__file__).resolve().parent.parent
-templates = Jinja2Templates(directory=str(ROOT / "templates"))
+
+def asset_folder(name: str) -> Path:
+    """``static/`` or ``templates/``: inside the installed package (a wheel ships them as package data
+    under ``server/``), else at the top of the checkout, where the design card keeps them."""
+    package = Path(__file__).resolve().parent.parent
+    shipped = package / name
+    return shipped if shipped.is_dir() else package.parent / name
+
+
+templates = Jinja2Templates(directory=str(asset_folder("templates")))
 # Defence in depth behind the sanitiser: no script but our own files, no remote images (a model's
 # markdown cannot be used to track the reader), sockets and fetches only to this server.
 PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
@@ -121,7 +129,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 if live is not None:
                     await live.start(tasks, rt.resolver)
                 hub = SessionHub(rt, live)
-                app.state.drain = hub.drain  # awaited first on SIGTERM (server.serving.DrainingServer)
+                app.state.drain = hub.drain  # awaited first on SIGTERM (server.web.serving.DrainingServer)
                 yield {"store": store, "on_change": live_sessions_follow(hub), "hub": hub, "bus": rt.bus}
                 tasks.cancel_scope.cancel()
         finally:
@@ -161,7 +169,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     app = Starlette(routes=[
         Route("/", page), Route("/s/{session_id}", page), Route("/healthz", healthz),
         Route("/events", events), WebSocketRoute("/ws", websocket_endpoint),
-        Mount("/static", StaticFiles(directory=str(ROOT / "static")), name="static"),
+        Mount("/static", StaticFiles(directory=str(asset_folder("static"))), name="static"),
         Route("/api/sessions/{session_id}/images/{message_id}/{n:int}", session_image),
         *api_routes(settings.server.max_import_bytes),
     ], lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
@@ -179,7 +187,7 @@ async def events(request: Request[AppState]) -> Response:
 
 
 async def session_image(request: Request[AppState]) -> Response:
-    """An attached image, by URL (``server.views.image_url``); ``/api``'s token guards it."""
+    """An attached image, by URL (``server.sessions.views.image_url``); ``/api``'s token guards it."""
     params = request.path_params
     messages = await request.state["hub"].messages_of(params["session_id"])
     return image_response(find_image(messages, params["message_id"], params["n"]))

@@ -24,13 +24,13 @@ from typing import Any
 import anyio
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from server.channel import Frame, Outbox, Packet
 from server.errors import BadFrame, FrameFlood, MeterchatError, error_frame
-from server.hub import SessionHub
-from server.lease import LiveUnavailable
-from server.limits import TokenBucket
+from server.live.lease import LiveUnavailable
 from server.protocol import MAX_FRAME_BYTES, ClientFrame, parse_client_frame
-from server.session import Session
+from server.sessions.channel import Frame, Outbox, Packet
+from server.sessions.hub import SessionHub
+from server.sessions.session import Session
+from server.web.limits import TokenBucket
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""A stored session as a versioned JSON document, and back (``server.markdown`` writes the readable
+"""A stored session as a versioned JSON document, and back (``server.web.markdown`` writes the readable
 Markdown file).
 
 JSON shape (``version`` 1)::
@@ -16,7 +16,7 @@ errors, switches and notices where they happened. Each is checked against ``LINE
 field's JSON type) and the frame registry (which fields each kind needs), so the page never draws a
 line it does not understand.
 
-A message and a call are ``server.store``'s codec of ``ChatMessage`` and ``CallRecord``; what an
+A message and a call are ``server.store.base``'s codec of ``ChatMessage`` and ``CallRecord``; what an
 import accepts for each field is read from the same dataclasses (a field that may be None is
 optional, one without a default is required, and every message names its ``id``).
 
@@ -32,9 +32,9 @@ from dataclasses import MISSING, fields
 from typing import Any, get_origin, get_type_hints
 
 from server.errors import ImportRejected
-from server.history import ChatMessage
+from server.history.messages import ChatMessage
 from server.protocol import NOTICE_CODES, SERVER_FRAMES, TRIM_REASONS, echo, field_names
-from server.store import (
+from server.store.base import (
     MESSAGE_HINTS,
     MESSAGE_LISTS,
     CallRecord,
@@ -195,7 +195,7 @@ def _line_fields(spec: tuple[str, ...], *extra: str) -> Fields:
 
 
 _TRIM_FIELDS = _line_fields(SERVER_FRAMES["history_trimmed"])
-# The kinds of notice the page draws again (``server.notices``), each with its fields; a turn's
+# The kinds of notice the page draws again (``server.sessions.notices``), each with its fields; a turn's
 # error and a stop carry the turn's route.
 _NOTICE_FIELDS: dict[str, Fields] = {
     kind: {"type": (_STR, True), **_line_fields(spec, "route")}

@@ -1,6 +1,6 @@
 """A stored session as a readable Markdown file: a head, every message with its role and marks, the
 session's trims and other lines (errors, notices, switches, stops, a typed ``/model``) where the page
-draws them, and a table of the provider calls. Export only: the JSON document (``server.export``) is
+draws them, and a table of the provider calls. Export only: the JSON document (``server.web.export``) is
 what an import reads.
 """
 
@@ -11,8 +11,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from server.history import ChatMessage, stored_marks
-from server.store import CallRecord, StoredSession
+from server.history.messages import ChatMessage, stored_marks
+from server.store.base import CallRecord, StoredSession
 
 
 def to_markdown(session: StoredSession) -> str:

@@ -28,11 +28,11 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from server.config import ServerSettings
+from server.config.settings import ServerSettings
 from server.providers.redact import redact
 
 # The handlers of the root logger (the app's and libraries' lines) and of uvicorn's error log. The
-# access log has its own handler and server.access's ?token= redaction: a request line names a path
+# access log has its own handler and server.web.access's ?token= redaction: a request line names a path
 # of this server, never a provider's URL or key.
 LOGGERS = ("", "uvicorn", "uvicorn.error")
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import uvicorn
 
-from server.config import Settings
-from server.serving import DrainingServer
+from server.config.settings import Settings
+from server.web.serving import DrainingServer
 
 log = logging.getLogger(__name__)
 
