@@ -65,6 +65,7 @@ class ServerSettings:
     history_page_messages: int = setting(200, "Messages per history page; older ones on history_before.")
     max_import_bytes: int = setting(32 * 1024 * 1024, "Largest session import (an exported JSON file, "
                                     "images inlined): raise it for sessions with many images.")
+    metrics: bool = setting(False, "Serve /metrics (Prometheus text format), behind the same auth as /api.")
     route_cache_entries: int = setting(512, "Routes whose discovered window and calibration are kept (LRU).")
 
 

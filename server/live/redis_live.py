@@ -97,6 +97,12 @@ class RedisLive:
     async def aclose(self) -> None:
         await self.redis.aclose()
 
+    async def ping(self) -> None:
+        try:
+            await self.redis.ping()
+        except RedisError as exc:
+            raise LiveUnavailable(f"cannot reach Redis ({exc})") from exc
+
     # --- channels -------------------------------------------------------------------------------
 
     def enqueue(self, channel: RedisChannel, frame: Frame) -> None:

@@ -122,7 +122,7 @@ class SessionCache:
         return Session(session_id, title, route, transcript, channel=channel, store=self.rt.store,
                        meter=self.rt.meter, image_token_cost=self.rt.options.image_token_cost,
                        calls=stored.calls if stored else None, trims=stored.trims if stored else None,
-                       notices=stored.notices if stored else None)
+                       notices=stored.notices if stored else None, metrics=self.rt.metrics)
 
     async def _create(self) -> Session:
         route = self.rt.resolver.default_route()

@@ -1,5 +1,5 @@
-"""The services a running server shares: settings, store, providers, resolver, bus, task group, and
-the meter and the flusher (streaming replies saved in batches) built from them.
+"""The services a running server shares: settings, store, providers, resolver, bus, task group,
+metrics, and the meter and the flusher (streaming replies saved in batches) built from them.
 
 Built once in the app's lifespan; the hub and the turns receive it instead of reaching for globals.
 ``options`` is the ``[runtime]`` settings table, read by every turn.
@@ -17,6 +17,7 @@ from server.routing.meter import Meter
 from server.routing.resolver import RouteResolver
 from server.sessions.events import EventBus
 from server.sessions.flusher import Flusher
+from server.sessions.metrics import Metrics
 from server.store.base import Store
 
 
@@ -28,6 +29,7 @@ class Runtime:
     resolver: RouteResolver
     bus: EventBus
     task_group: TaskGroup
+    metrics: Metrics = field(default_factory=Metrics)
     meter: Meter = field(init=False)
     flusher: Flusher = field(init=False)
 

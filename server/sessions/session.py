@@ -35,11 +35,14 @@ from server.protocol import server_frame
 from server.routing.meter import Anchor, Meter, Reading
 from server.routing.resolver import Route
 from server.sessions.channel import Frame, FrameChannel
+from server.sessions.metrics import COUNTED, Metrics
 from server.sessions.notices import OBSERVED, Notice, Notices
 from server.sessions.reply import ReplyWriter
 from server.store.base import CallRecord, Store
 
 ORPHANED = "orphaned tool message (its call or result is missing)"
+
+WATCHED = OBSERVED | COUNTED  # the frame types emit looks at twice; never a chunk
 
 
 @dataclass
@@ -64,7 +67,8 @@ class Session:
     def __init__(self, session_id: str, title: str, route: Route, transcript: list[ChatMessage], *,
                  channel: FrameChannel, store: Store | None = None, meter: Meter | None = None,
                  image_token_cost: int = DEFAULT_IMAGE_TOKEN_COST, calls: list[CallRecord] | None = None,
-                 trims: list[dict[str, Any]] | None = None, notices: list[Notice] | None = None) -> None:
+                 trims: list[dict[str, Any]] | None = None, notices: list[Notice] | None = None,
+                 metrics: Metrics | None = None) -> None:
         self.id = session_id
         self.title = title
         self.route = route
@@ -82,6 +86,7 @@ class Session:
         self.notices = Notices(notices)  # errors, notices, switches: the transcript's other lines
         self._store = store
         self._meter = meter
+        self.metrics = metrics or Metrics()
         self._streamed: ChatMessage | None = None
         self.anchors: dict[str, Anchor] = {}  # route name -> the provider's last count on it
         self.stored = True  # False for a new session until its first message is stored
@@ -105,8 +110,12 @@ class Session:
 
     def emit(self, frame: Frame) -> Frame:
         sent = self.channel.emit(frame)
-        if sent["type"] in OBSERVED:  # not per chunk: the hot path pays one set lookup
-            self.notices.observe(sent, self._last_message_id(), utc_now())
+        kind = sent["type"]
+        if kind in WATCHED:  # not per chunk: the hot path pays one set lookup
+            if kind in OBSERVED:
+                self.notices.observe(sent, self._last_message_id(), utc_now())
+            if kind in COUNTED:
+                self.metrics.frame(sent)
         return sent
 
     def keep_notice(self, frame: Frame) -> None:

@@ -15,6 +15,7 @@ The turn changes the history only through its ``Session`` and writes each reply 
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,6 +164,13 @@ class Turn:
             f"Hints: {known}."))
 
     async def run(self) -> None:
+        self.rt.metrics.turn_started()
+        try:
+            await self.attempt()
+        finally:
+            self.rt.metrics.turn_ended()
+
+    async def attempt(self) -> None:
         self.tell_unknown_hint()
         try:
             await self.loop()
@@ -249,8 +257,12 @@ class Turn:
         request = ProviderRequest(self.route.model, messages, self.tools(final),
                                   self.options.max_output_tokens)
         result = CallResult()
+        began = time.monotonic()
         async with aclosing(provider.stream(request)) as events:  # closed at once on stop
             async for event in events:
+                if began:  # the call's first event only: one float test per chunk after it
+                    waited, began = time.monotonic() - began, 0.0
+                    self.rt.metrics.first_event(self.route.provider, self.route.model, waited)
                 await self.on_event(event, result)
         if result.usage is not None:
             await self.account(result.usage, reading)

@@ -168,6 +168,9 @@ class PostgresStore:
                              [{"created_at": at, **data} for data, at in trims],
                              [{"created_at": at, **data} for data, at in notices])
 
+    async def ping(self) -> None:
+        await self._query("SELECT 1", ())
+
     async def get_summary(self, session_id: str) -> SessionSummary | None:
         rows = await self._query(SUMMARY + " WHERE s.id = %s", (session_id,))
         return SessionSummary(*rows[0]) if rows else None

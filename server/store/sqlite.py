@@ -160,6 +160,9 @@ class SqliteStore:
     async def close(self) -> None:
         await self._call(self._conn.close)
 
+    async def ping(self) -> None:
+        await self._call(self._query_one, "SELECT 1", ())
+
     # sessions
 
     async def create_session(self, session_id: str, *, title: str, route: str) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -41,11 +41,13 @@ from server.routing.resolver import RouteResolver
 from server.sessions.events import EventBus, sse_stream
 from server.sessions.hub import SessionHub
 from server.sessions.images import find_image, image_response
+from server.sessions.metrics import Metrics, PrometheusMetrics
 from server.sessions.runtime import Runtime
 from server.store.backends import open_store
 from server.web.access import AccessGuard, redact_tokens_in_logs
 from server.web.api import EXCEPTION_HANDLERS, ApiState, OnChange, api_routes, error_body
 from server.web.connection import Connection
+from server.web.ops import healthz, metrics_endpoint, readyz
 
 
 def asset_folder(name: str) -> Path:
@@ -110,6 +112,7 @@ class AppState(ApiState):
 
     hub: SessionHub
     bus: EventBus
+    ready_checks: Mapping[str, Callable[[], Awaitable[None]]]
 
 
 def create_app(settings: Settings | None = None) -> Starlette:
@@ -117,6 +120,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     # here, not in the lifespan: a bad folder or an unreachable database stops start-up
     store = open_store(settings.server.data_dir, settings.store.url, settings.store.pool_size,
                        settings.store.timeout_seconds)
+    metrics = PrometheusMetrics() if settings.server.metrics else Metrics()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[AppState]:
@@ -125,12 +129,14 @@ def create_app(settings: Settings | None = None) -> Starlette:
         try:
             async with anyio.create_task_group() as tasks:
                 rt = Runtime(settings, store, providers, RouteResolver(settings, providers),
-                             live.bus if live else EventBus(), tasks)
+                             live.bus if live else EventBus(), tasks, metrics)
                 if live is not None:
                     await live.start(tasks, rt.resolver)
                 hub = SessionHub(rt, live)
                 app.state.drain = hub.drain  # awaited first on SIGTERM (server.web.serving.DrainingServer)
-                yield {"store": store, "on_change": live_sessions_follow(hub), "hub": hub, "bus": rt.bus}
+                checks = {"store": store.ping, **({"live": live.ping} if live else {})}
+                yield {"store": store, "on_change": live_sessions_follow(hub), "hub": hub, "bus": rt.bus,
+                       "ready_checks": checks}
                 tasks.cancel_scope.cancel()
         finally:
             if live is not None:
@@ -160,14 +166,17 @@ def create_app(settings: Settings | None = None) -> Starlette:
             # tells the page to ask for the token again instead of reconnecting for good.
             await websocket.close(code=TOKEN_REFUSED, reason="unauthorized")
             return
-        await Connection(websocket, websocket.state["hub"]).run()
+        metrics.socket_opened()
+        try:
+            await Connection(websocket, websocket.state["hub"]).run()
+        finally:
+            metrics.socket_closed()
 
-    async def healthz(request: Request) -> Response:
-        return JSONResponse({"ok": True, "providers": sorted(settings.providers),
-                             "default_route": settings.default_route})
-
+    operators = [Route("/healthz", healthz(settings)), Route("/readyz", readyz)]
+    if settings.server.metrics:
+        operators.append(Route("/metrics", metrics_endpoint(metrics)))
     app = Starlette(routes=[
-        Route("/", page), Route("/s/{session_id}", page), Route("/healthz", healthz),
+        Route("/", page), Route("/s/{session_id}", page), *operators,
         Route("/events", events), WebSocketRoute("/ws", websocket_endpoint),
         Mount("/static", StaticFiles(directory=str(asset_folder("static"))), name="static"),
         Route("/api/sessions/{session_id}/images/{message_id}/{n:int}", session_image),
@@ -226,5 +235,5 @@ class BearerAuth:
 
 
 def _guarded(path: str) -> bool:
-    return path.startswith("/api") or path == "/events"
+    return path.startswith("/api") or path in ("/events", "/metrics")
 
