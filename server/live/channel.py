@@ -57,7 +57,6 @@ class RedisChannel(FrameChannel):
         self.pending = 0  # frames emitted here still waiting for their seq
         self._settled = anyio.Event()
         self._settled.set()
-        self.stale = False
 
     def emit(self, frame: Frame) -> Frame:
         if self.pending == 0:

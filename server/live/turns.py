@@ -1,10 +1,10 @@
-"""The session hub's part in live mode (``[live] url``): one turn, one instance.
+"""The hub's ``Instances`` in live mode (``[live] url``): one turn, one instance, over Redis.
 
-``LiveTurns`` takes the session's lease before a turn (``Busy`` when any instance runs one), beats
-it while the turn runs and releases it after; forwards ``stop`` to the instance that holds the
-lease; answers the ``stop`` another instance forwards; closes the turn of an instance that died
-(``instance_lost``); and tells a client joining mid-turn where the turn's frames start. The hub
-calls it only when live mode is on; ``sessions`` is the hub's own cache.
+``LiveInstances`` takes the session's lease before a turn (``Busy`` when any instance runs one),
+and its ``LiveHold`` beats it while the turn runs and releases it after; it forwards ``stop`` to
+the instance that holds the lease; answers the ``stop`` another instance forwards; closes the turn
+of an instance that died (``instance_lost``); and tells a client joining mid-turn where the turn's
+frames start. ``sessions`` is the hub's own cache (given by ``serve``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import anyio
 from server.errors import Busy, error_frame
 from server.live.lease import Claim, InstanceLost, LiveUnavailable
 from server.live.redis_live import RedisLive
-from server.sessions.channel import Frame
+from server.sessions.channel import Frame, FrameChannel
+from server.sessions.instances import TurnElsewhere
 from server.sessions.session import Session, TurnHandle
 from server.sessions.views import history_frame
 
@@ -31,13 +32,41 @@ def lost_turn(orphan: Claim) -> Frame:
                                     "marked interrupted"), turn_id=orphan.turn_id)
 
 
-class LiveTurns:
-    def __init__(self, live: RedisLive, sessions: dict[str, Session],
-                 spawn: Callable[..., None]) -> None:
+class LiveHold:
+    """The session's lease, held by this instance for one turn."""
+
+    def __init__(self, instances: LiveInstances, session: Session, claim: Claim) -> None:
+        self.instances = instances
+        self.session = session
+        self.claim = claim
+
+    async def keep(self, handle: TurnHandle) -> None:
+        await self.instances.heartbeat(self.session, handle, self.claim)
+
+    async def release(self) -> None:
+        await self.instances.release(self.session, self.claim)
+
+
+class LiveInstances:
+    store_at_once = True  # another instance can open a session only from the store
+
+    def __init__(self, live: RedisLive) -> None:
         self.live = live
+        self.sessions: dict[str, Session] = {}
+
+    def serve(self, sessions: dict[str, Session], spawn: Callable[..., None]) -> None:
         self.sessions = sessions
-        live.on_control = self.on_control
-        live.on_orphan = lambda session_id, claim: spawn(self.take_over, session_id, claim)
+        self.live.on_control = self.on_control
+        self.live.on_orphan = lambda session_id, claim: spawn(self.take_over, session_id, claim)
+
+    def channel(self, session_id: str, first_seq: int) -> FrameChannel:
+        return self.live.channel(session_id)  # numbered by the shared stream, not from first_seq
+
+    def shared_channel(self, session_id: str) -> FrameChannel | None:
+        return self.live.channel(session_id)
+
+    async def turn_running(self, session_id: str) -> bool:
+        return await self.live.lease.holder(session_id) is not None
 
     def forget_idle(self, session: Session) -> None:
         """Keep only sessions watched or running here: another instance may change the rest, so
@@ -47,7 +76,7 @@ class LiveTurns:
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
 
-    async def remote_turn(self, session: Session, page: int) -> tuple[int, Callable[[], list[Frame]]] | None:
+    async def turn_elsewhere(self, session: Session, page: int) -> TurnElsewhere | None:
         """A turn running on another instance: where its frames start, and the snapshot (the newest
         ``page`` messages) without it."""
         if session.turn is not None:
@@ -62,7 +91,7 @@ class LiveTurns:
             return [{**frame, "messages": kept}]
         return claim.start, before
 
-    async def claim(self, session: Session, turn_id: str) -> Claim:
+    async def claim(self, session: Session, turn_id: str) -> LiveHold:
         """The session's lease for ``turn_id``, or ``Busy`` when a turn runs on any instance."""
         got = await self.live.lease.acquire(session.id, turn_id)
         if got is None:
@@ -70,7 +99,7 @@ class LiveTurns:
         claim, orphan = got
         if orphan is not None:  # a dead instance's turn nobody closed: close it before the new one
             session.emit(lost_turn(orphan))
-        return claim
+        return LiveHold(self, session, claim)
 
     async def release(self, session: Session, claim: Claim) -> None:
         try:
@@ -96,7 +125,7 @@ class LiveTurns:
                 handle.cancel_scope.cancel()
                 return
 
-    async def stop_remote(self, session_id: str) -> None:
+    async def stop_elsewhere(self, session_id: str) -> None:
         claim = await self.live.lease.holder(session_id)
         if claim is not None and claim.instance != self.live.instance:
             await self.live.send_control(claim.instance, {"op": "stop", "session_id": session_id,

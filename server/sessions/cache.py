@@ -2,9 +2,9 @@
 
 The store holds every session; memory holds the recently opened ones, at most
 ``MAX_CACHED_SESSIONS`` beyond those in use (watched, running a turn, or holding what the store
-refused). A session loaded from the store is restored (restore.py). In live mode (``[live] url``)
-a session's channel is a ``RedisChannel``, and a cached session another instance changed (its
-channel went ``stale``) is read from the store again before it is used here.
+refused). A session loaded from the store is restored (restore.py). Its channel comes from the
+hub's ``Instances`` (a ``RedisChannel`` in live mode), and a cached session another instance
+changed (its channel went ``stale``) is read from the store again before it is used here.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ import anyio
 
 from server.errors import UnknownSession
 from server.history.messages import ChatMessage
-from server.live.channel import RedisChannel
-from server.live.redis_live import RedisLive
 from server.protocol import echo
 from server.routing.resolver import Route
 from server.sessions.channel import FrameChannel
+from server.sessions.instances import Instances
 from server.sessions.restore import Restores
 from server.sessions.runtime import Runtime
 from server.sessions.session import Session, utc_now
@@ -35,11 +34,11 @@ def new_session_id() -> str:
 
 
 class SessionCache:
-    def __init__(self, rt: Runtime, live: RedisLive | None) -> None:
+    def __init__(self, rt: Runtime, instances: Instances) -> None:
         self.rt = rt
-        self.live = live
+        self.instances = instances
         self.sessions: dict[str, Session] = {}
-        self.restores = Restores(rt, live)
+        self.restores = Restores(rt, instances)
         self._lock = anyio.Lock()
 
     async def open(self, session_id: str | None) -> Session:
@@ -79,8 +78,7 @@ class SessionCache:
         frames came through the shared stream) and no turn runs on it here."""
         cached = self.cached(session)
         channel = cached.channel
-        if (not isinstance(channel, RedisChannel) or not channel.stale or cached.turn or cached.unsaved
-                or cached.notices.unsaved):
+        if not channel.stale or cached.turn or cached.unsaved or cached.notices.unsaved:
             return cached
         channel.stale = False
         fresh = await self._load(cached.id, channel=channel)
@@ -91,7 +89,7 @@ class SessionCache:
 
     def shared_channel(self, session_id: str) -> FrameChannel | None:
         """The channel of a session not cached here, when other instances may have it open."""
-        return self.live.channel(session_id) if self.live is not None else None
+        return self.instances.shared_channel(session_id)
 
     async def messages_of(self, session_id: str) -> list[ChatMessage]:
         """A session's transcript: the open copy when cached, else the store's (an image URL)."""
@@ -117,8 +115,7 @@ class SessionCache:
              first_seq: int = 0, stored: StoredSession | None = None,
              channel: FrameChannel | None = None) -> Session:
         if channel is None:
-            channel = self.live.channel(session_id) if self.live else FrameChannel(session_id, self.rt.bus,
-                                                                                    first_seq)
+            channel = self.instances.channel(session_id, first_seq)
         return Session(session_id, title, route, transcript, channel=channel, store=self.rt.store,
                        meter=self.rt.meter, image_token_cost=self.rt.options.image_token_cost,
                        calls=stored.calls if stored else None, trims=stored.trims if stored else None,
@@ -130,7 +127,7 @@ class SessionCache:
         session.stored = False  # stored with its first message: an opened page leaves no empty session
         if self.rt.options.system_prompt:
             session.add(ChatMessage("system", self.rt.options.system_prompt, created_at=utc_now()))
-        if self.live is not None:
+        if self.instances.store_at_once:
             # Several instances: another one can only open the session from the store, so an empty
             # session is stored at once (the price of a load balancer: an opened page leaves a row).
             await self.store_new(session)

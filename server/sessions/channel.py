@@ -180,6 +180,7 @@ class FrameChannel:
         self.log = FrameLog()
         self._outboxes: set[Outbox] = set()
         self._bus = bus
+        self.stale = False  # another instance changed the session (live mode: RedisChannel sets it)
 
     def emit(self, frame: Frame) -> Frame:
         self.seq += 1

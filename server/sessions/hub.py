@@ -7,10 +7,10 @@ cancels the turn from any connected client. The hub's parts: ``SessionCache`` (s
 finds, creates, caches and evicts sessions, ``Restores`` (restore.py) readies a stored session for
 its first client, ``UnsavedWriter`` (unsaved.py) writes again what the store refused.
 
-Live mode (``[live] url``, several instances): sessions' channels are ``RedisChannel``s, a session
-another instance changed is read again from the store before it is used here, and ``LiveTurns``
-(live_turns.py) holds the lease of each turn, forwards ``stop`` and closes the turns of an instance
-that died (docs/deployment.md).
+What other instances share (live mode, ``[live] url``) goes through the hub's ``Instances``
+(instances.py): ``SoleInstance`` for one process, ``server.live.turns.LiveInstances`` on Redis,
+which holds the lease of each turn, forwards ``stop`` and closes the turns of an instance that
+died (docs/deployment.md). The hub reads the same in both modes.
 """
 
 from __future__ import annotations
@@ -24,15 +24,13 @@ import anyio
 
 from server.errors import BadFrame, Busy, StoreUnavailable, UnknownRoute, UnknownSession, error_frame
 from server.history.messages import ChatMessage, Image
-from server.live.lease import Claim
-from server.live.redis_live import RedisLive
-from server.live.turns import LiveTurns
 from server.protocol import EDIT_PREVIEW, ImagePayload, echo, server_frame
 from server.routing.resolver import Route
 from server.sessions.cache import DEFAULT_TITLE, SessionCache
 from server.sessions.channel import Frame, Outbox
 from server.sessions.compaction_runner import compaction_for
 from server.sessions.images import decode_images
+from server.sessions.instances import Hold, Instances, SoleInstance
 from server.sessions.runtime import Runtime
 from server.sessions.session import Session, TurnHandle, utc_now
 from server.sessions.turn import Turn
@@ -46,11 +44,11 @@ MODEL_COMMAND = "/model"
 
 
 class SessionHub:
-    def __init__(self, rt: Runtime, live: RedisLive | None = None) -> None:
+    def __init__(self, rt: Runtime, instances: Instances | None = None) -> None:
         self.rt = rt
-        self.live = live
-        self.cache = SessionCache(rt, live)
-        self.live_turns = LiveTurns(live, self.cache.sessions, self.spawn) if live is not None else None
+        self.instances = instances or SoleInstance(rt.bus)
+        self.cache = SessionCache(rt, self.instances)
+        self.instances.serve(self.cache.sessions, self.spawn)
         self.unsaved = UnsavedWriter(self.spawn)
         self.compaction = compaction_for(rt.options)
         self.coalesce_seconds = rt.settings.server.coalesce_ms / 1000
@@ -87,7 +85,7 @@ class SessionHub:
             outbox, last_seq if resumed else None,
             head=lambda seq: session_frame(session, resumed=resumed, seq=seq, routes=routes),
             snapshot=lambda: [history_frame(session, page)],
-            turn=await self.live_turns.remote_turn(session, page) if self.live_turns else None)
+            turn=await self.instances.turn_elsewhere(session, page))
         if not replayed:
             # In the background: a window discovery on a slow provider must not hold the reader.
             self.spawn(self.after_hello, session)
@@ -99,7 +97,7 @@ class SessionHub:
         if session.channel.detach(outbox):
             if not self.rt.settings.server.keep_generating:
                 self.stop(session, remote=False)
-            self._forget_idle(session)
+            self.instances.forget_idle(session)
 
     async def after_hello(self, session: Session) -> None:
         """Announce the restore trim (once) and send the meter for the session's route."""
@@ -128,8 +126,8 @@ class SessionHub:
         channel = session.channel if session else self.cache.shared_channel(session_id)
         if channel is not None:
             channel.emit(error_frame(UnknownSession("this session was deleted; start a new chat")))
-        if session is None and self.live_turns is not None:
-            self.spawn(self.live_turns.stop_remote, session_id)
+        if session is None:
+            self.spawn(self.instances.stop_elsewhere, session_id)
 
     async def renamed(self, session_id: str) -> None:
         """The session was renamed through the API: its open tabs (on any instance) show the new title."""
@@ -187,8 +185,8 @@ class SessionHub:
         session = self.cache.cached(session)
         if session.turn is not None:
             session.turn.cancel_scope.cancel()
-        elif remote and self.live_turns is not None:
-            self.spawn(self.live_turns.stop_remote, session.id)
+        elif remote:
+            self.spawn(self.instances.stop_elsewhere, session.id)
 
     async def submit(self, session: Session, message_id: str, content: str,
                      payloads: list[ImagePayload], retry_of: str | None = None,
@@ -210,21 +208,20 @@ class SessionHub:
         turn_id = uuid.uuid4().hex[:12]
         # Claim the session before the first await: two tabs sending at once start one turn.
         handle = session.turn = TurnHandle(turn_id, anyio.CancelScope())
-        claim: Claim | None = None
+        hold: Hold | None = None
         try:
-            claim = await self.live_turns.claim(session, turn_id) if self.live_turns else None
+            hold = await self.instances.claim(session, turn_id)
             route, text = await self._accept(session, message_id, content, images, turn_id, replaces)
         except BaseException:
             session.turn = None
-            if claim is not None and self.live_turns is not None:
+            if hold is not None:  # claimed, then the message was refused
                 with anyio.CancelScope(shield=True):
-                    await self.live_turns.release(session, claim)
+                    await hold.release()
             raise
         await self._maybe_title(session, text)
         turn = Turn(self.rt, session, turn_id, route, self.compaction)
-        if claim is not None and self.live_turns is not None:
-            self.spawn(self.live_turns.heartbeat, session, handle, claim)
-        self.spawn(self._run_turn, session, turn, handle, claim)
+        self.spawn(hold.keep, handle)
+        self.spawn(self._run_turn, session, turn, handle, hold)
 
     async def _accept(self, session: Session, message_id: str, content: str, images: list[Image],
                       turn_id: str, replaces: Replaces | None) -> tuple[Route, str]:
@@ -265,7 +262,7 @@ class SessionHub:
         await self.rt.store.rename_session(session.id, title)
         session.emit(server_frame("title", title=title))
 
-    async def _run_turn(self, session: Session, turn: Turn, handle: TurnHandle, claim: Claim | None) -> None:
+    async def _run_turn(self, session: Session, turn: Turn, handle: TurnHandle, hold: Hold) -> None:
         try:
             if turn.route != session.route:
                 await turn.emit_meter("hint")
@@ -277,10 +274,8 @@ class SessionHub:
         finally:
             session.turn = None
             handle.done.set()
-            if claim is not None and self.live_turns is not None:
-                with anyio.CancelScope(shield=True):
-                    await self.live_turns.release(session, claim)
             with anyio.CancelScope(shield=True):
+                await hold.release()
                 await session.save_notices()  # the turn's errors and notices, for a reload
             self.unsaved.after_turn(session)
         if turn.route != session.route:
@@ -292,9 +287,3 @@ class SessionHub:
         except StoreUnavailable:
             pass  # kept in session.unsaved; self.unsaved writes it
         session.emit(server_frame("aborted", turn_id=turn.turn_id))
-
-    # --- several instances (live mode) --------------------------------------------------------
-
-    def _forget_idle(self, session: Session) -> None:
-        if self.live_turns is not None:
-            self.live_turns.forget_idle(session)

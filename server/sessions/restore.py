@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 
 from server.errors import UnknownRoute
-from server.live.redis_live import RedisLive
 from server.routing.resolver import Route
+from server.sessions.instances import Instances
 from server.sessions.runtime import Runtime
 from server.sessions.session import Session
 
@@ -23,9 +23,9 @@ log = logging.getLogger(__name__)
 class Restores:
     """The sessions restored here whose restore trim no client has been shown yet."""
 
-    def __init__(self, rt: Runtime, live: RedisLive | None) -> None:
+    def __init__(self, rt: Runtime, instances: Instances) -> None:
         self.rt = rt
-        self.live = live
+        self.instances = instances
         self._pending: set[str] = set()
 
     def route(self, name: str) -> Route:
@@ -42,7 +42,7 @@ class Restores:
     async def restored(self, session: Session) -> None:
         """``session`` was just read from the store."""
         # A tool call whose result is missing may be one another instance is running right now.
-        if self.live is None or await self.live.lease.holder(session.id) is None:
+        if not await self.instances.turn_running(session.id):
             await session.set_aside_orphans()
         self._pending.add(session.id)
 

@@ -36,11 +36,13 @@ from starlette.websockets import WebSocket
 from server.config.load import load_settings
 from server.config.settings import Settings
 from server.live.redis_live import RedisLive
+from server.live.turns import LiveInstances
 from server.providers import build_provider
 from server.routing.resolver import RouteResolver
 from server.sessions.events import EventBus, sse_stream
 from server.sessions.hub import SessionHub
 from server.sessions.images import find_image, image_response
+from server.sessions.instances import SoleInstance
 from server.sessions.metrics import Metrics, PrometheusMetrics
 from server.sessions.runtime import Runtime
 from server.store.backends import open_store
@@ -132,7 +134,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
                              live.bus if live else EventBus(), tasks, metrics)
                 if live is not None:
                     await live.start(tasks, rt.resolver)
-                hub = SessionHub(rt, live)
+                hub = SessionHub(rt, LiveInstances(live) if live else SoleInstance(rt.bus))
                 app.state.drain = hub.drain  # awaited first on SIGTERM (server.web.serving.DrainingServer)
                 checks = {"store": store.ping, **({"live": live.ping} if live else {})}
                 yield {"store": store, "on_change": live_sessions_follow(hub), "hub": hub, "bus": rt.bus,
