@@ -116,3 +116,11 @@ def test_sse_decoder_limit_counts_bytes_not_characters() -> None:
     assert decoder.feed("data: ééé\n\n".encode()) == [SSEEvent("message", "ééé")]  # 12 bytes
     with pytest.raises(LineTooLong):
         decoder.feed("data: ééé!\n\n".encode())  # 10 characters, 13 bytes
+
+
+def test_sse_decoder_refuses_an_event_whose_data_lines_never_end() -> None:
+    decoder = SSEDecoder(max_line_bytes=64)
+    assert decoder.feed(b"data: a\ndata: b\n\n") == [SSEEvent("message", "a\nb")]
+    with pytest.raises(LineTooLong, match="an event longer than 64 bytes"):
+        for _ in range(100):  # each line is short; the event they make is not
+            decoder.feed(b"data: 0123456789\n")

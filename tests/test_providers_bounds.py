@@ -1,6 +1,6 @@
-"""What a provider cannot do to the server, each dialect against its real fake: stall it with keep-alives,
-grow it with an endless line or a huge error body, poison a session with half an emoji, make it show a
-key, or queue it behind a full connection pool."""
+"""What a provider cannot do to the server, each dialect against its real fake: stall it with
+keep-alives, grow it with an endless line, event, error body or metadata answer, poison a session with
+half an emoji, make it show a key, or queue it behind a full connection pool."""
 
 from __future__ import annotations
 
@@ -9,14 +9,17 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
+import httpx
 import pytest
 
 from server.config.settings import ProviderProfile
 from server.errors import AuthError, Overloaded, ProtocolError, Unavailable
 from server.history.messages import ChatMessage
 from server.providers import build_provider
+from server.providers._http import get_json
 from server.providers.base import Finish, Provider, ProviderRequest, TextDelta, ThinkingDelta
-from tests.fakes import FakeProvider, Reply, drain
+from tests.fakes import ENDLESS, FakeProvider, Reply, drain
 
 pytestmark = pytest.mark.anyio
 
@@ -147,3 +150,60 @@ async def test_provider_pool_full_is_overloaded_at_once(fake: FakeProvider) -> N
     rest, error = await drain(first)
     await narrow.aclose()
     assert error is None and isinstance(rest[-1], Finish)
+
+
+@pytest.mark.parametrize("fill", [b"x", b"0123456789abcdef", b"<p>a proxy's page</p>\n"])
+async def test_provider_error_body_that_never_ends_is_answered_from_its_head(
+    fake: FakeProvider, provider: Provider, fill: bytes
+) -> None:
+    fake.enqueue(Reply(status=500, error="boom", error_size=ENDLESS, error_fill=fill))
+    with anyio.fail_after(5):  # generous: the answer takes milliseconds; before the fix, minutes
+        events, error = await drain(provider.stream(HELLO))
+    assert events == [] and type(error) is Unavailable and len(error.message) <= 300
+    assert error.message.startswith("local: HTTP 500: ") and error.message.endswith("[cut after 64 KiB]")
+
+
+async def test_provider_error_body_dripping_is_judged_on_what_came_in_a_second(
+    fake: FakeProvider, provider: Provider
+) -> None:
+    fake.enqueue(Reply(status=503, body="slow ", error_size=ENDLESS, error_fill=b"."))
+    fake.drip = 0.2  # seconds between the body's pieces
+    events, error = await drain(provider.stream(HELLO))
+    assert type(error) is Overloaded and error.message.startswith("local: HTTP 503: slow")
+    assert "[cut after 0 KiB]" in error.message
+
+
+@pytest.mark.parametrize("dialect", ["openai", "anthropic"])  # NDJSON's values are one line each
+async def test_sse_event_of_endless_data_lines_is_a_protocol_error(
+    request: pytest.FixtureRequest, dialect: str
+) -> None:
+    fake: FakeProvider = request.getfixturevalue(f"fake_{dialect}")
+    provider = build_provider(profile(fake, max_line_bytes=4096))
+    fake.enqueue(Reply(raw=b"data: {\n" + b"data: \"x\": 1,\n" * 10_000))
+    _, error = await drain(provider.stream(HELLO))
+    await provider.aclose()
+    assert type(error) is ProtocolError and "an event longer than 4096 bytes" in error.message
+
+
+@pytest.mark.parametrize("dialect", ["openai", "ollama"])  # the dialects that discover windows
+@pytest.mark.parametrize("size", [ENDLESS, 64 << 20], ids=["endless", "64-MB"])
+async def test_window_discovery_reads_a_bounded_metadata_body(
+    request: pytest.FixtureRequest, dialect: str, size: int
+) -> None:
+    fake: FakeProvider = request.getfixturevalue(f"fake_{dialect}")
+    fake.models = {"m": {"max_model_len": 8192, "context_length": 8192}}
+    fake.meta_flood = (b'{"data": [', b'{"id": "other", "max_model_len": 1},', size)
+    provider = build_provider(profile(fake))
+    with anyio.fail_after(10):
+        assert await provider.context_window("m") is None
+    await provider.aclose()
+    assert fake.error_bytes_sent < 32 << 20, fake.error_bytes_sent
+
+
+async def test_metadata_call_that_drips_is_cut_at_its_time_bound(fake_openai: FakeProvider) -> None:
+    fake_openai.meta_flood = (b'{"data": [', b" ", ENDLESS)
+    fake_openai.drip = 0.05
+    async with httpx.AsyncClient() as http:
+        with anyio.fail_after(5):
+            got = await get_json(http, "GET", fake_openai.base_url + "/models", headers={}, seconds=0.3)
+    assert got is None

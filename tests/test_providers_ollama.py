@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 
 import pytest
@@ -16,7 +17,7 @@ from server.providers.base import (
     ToolSpec,
     Usage,
 )
-from server.providers.ollama import OllamaProvider
+from server.providers.ollama import OllamaProvider, _modelfile_num_ctx
 from tests.fakes import Call, FakeOllama, Reply, drain
 
 pytestmark = pytest.mark.anyio
@@ -187,3 +188,13 @@ async def test_ollama_window_prefers_the_effective_num_ctx(fake_ollama: FakeOlla
     window = await configured.context_window("tuned")
     await configured.aclose()
     assert (window.tokens, window.detail["basis"]) == (32768, "profile num_ctx")
+
+
+def test_modelfile_num_ctx_reads_a_megabyte_of_blank_lines_in_linear_time() -> None:
+    # The pattern once began with \s*, which at every line start ran over all the newlines after it.
+    parameters = "\n" * (1 << 20) + "num_ctx 8192\r\n"
+    found: list[int | None] = []
+    worker = threading.Thread(target=lambda: found.append(_modelfile_num_ctx(parameters)), daemon=True)
+    worker.start()
+    worker.join(30)  # generous: linear takes milliseconds, quadratic hours
+    assert found == [8192]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from server.providers.base import Finish, TextDelta, ThinkingDelta, ToolCallEvent
-from server.providers.redact import redact, short_message
+from server.providers.redact import clip, redact, short_message
 from server.providers.text import TextGuard, valid_text
+from server.providers.translate import translate_error
 
 
 @pytest.mark.parametrize(("text", "secret"), [
@@ -53,3 +56,34 @@ def test_text_guard_makes_tool_arguments_valid() -> None:
     call = ToolCallEvent("c\ud800", "look\udc00", {"q": ["a\ud83d\ude00", {"k\udc00": "v"}], "n": 1})
     (out,) = TextGuard().events(call)
     assert out == ToolCallEvent("c\ufffd", "look\ufffd", {"q": ["a😀", {"k\ufffd": "v"}], "n": 1})
+
+
+ADVERSARIAL = ["x", "0", "a:", "a://", "sk-", "1a", "Ab1", "-", "token ", " ", "x "]
+
+
+@pytest.mark.parametrize("run", ADVERSARIAL)
+def test_redact_and_short_message_take_linear_time_on_long_runs(run: str) -> None:
+    # 1 MiB of one run: a quadratic pattern takes hours over it (the scheme pattern took 3.5 s over
+    # 16 KiB before its lookbehind); linear ones take milliseconds. Waited on with a generous deadline.
+    text = run * ((1 << 20) // len(run))
+    done = threading.Event()
+
+    def work() -> None:
+        redact(text, ["secret-key"])
+        short_message("context length " + text)
+        translate_error("p", 400, {"error": {"message": "maximum context length " + text}})
+        done.set()
+
+    threading.Thread(target=work, daemon=True).start()
+    assert done.wait(30), f"redacting 1 MiB of {run!r} did not finish"
+
+
+def test_clip_never_ends_in_half_a_word() -> None:
+    assert clip("keep sk-secretsecret", 12) == "keep"
+    assert clip("short", 12) == "short"
+    assert clip("x" * 20, 12) == ""
+
+
+def test_redact_still_hides_url_credentials_after_any_prefix() -> None:
+    for text in ("1http://u:pw-secret@h/x", "(https://u:pw-secret@h", "see git+ssh://u:pw-secret@h"):
+        assert "pw-secret" not in redact(text)

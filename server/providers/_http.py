@@ -3,7 +3,9 @@ the loop that feeds a reply's bytes through a dialect's decoder and stream state
 
 Every resource a provider could exhaust is bounded here: connections (``max_connections``; a call that
 finds none free within ``pool_timeout_seconds`` is ``Overloaded`` at once instead of queueing behind
-the others), error bodies (read to ``MAX_ERROR_BODY`` bytes, never whole), lines
+the others), error bodies (their first ``MAX_ERROR_BODY`` bytes, whatever came within
+``ERROR_BODY_SECONDS``; the rest is never read and the connection is dropped), metadata answers
+(``get_json``: ``MAX_METADATA_BODY`` bytes within ``METADATA_SECONDS``, else no answer), lines
 (``max_line_bytes``, else ``ProtocolError``) and silence dressed as keep-alives (no event for
 ``idle_timeout_seconds``: ``Unavailable``). What leaves is safe: error messages are shortened and
 redacted (the full body goes to the DEBUG log, redacted too), text is valid Unicode (``redact.py``).
@@ -41,6 +43,9 @@ from server.providers.transport import build_transport
 log = logging.getLogger("server.providers")
 
 MAX_ERROR_BODY = 64 * 1024
+ERROR_BODY_SECONDS = 1.0  # an error body dripping slower than this is judged on what came by then
+MAX_METADATA_BODY = 8 * 1024 * 1024  # /v1/models of a large router is a few MB; parsing 8 MB is ms
+METADATA_SECONDS = 10.0  # a discovery call holds the first turn on its route: bound it whole
 DRAIN_SECONDS = 2.0
 
 
@@ -66,16 +71,21 @@ def secrets_of(profile: ProviderProfile) -> tuple[str, ...]:
     return tuple(secret for secret in found if secret)
 
 
-async def read_capped(response: httpx.Response, limit: int = MAX_ERROR_BODY) -> bytes:
-    """At most ``limit`` bytes of a body; the rest is never read (closing drops the connection)."""
+async def read_head(response: httpx.Response, limit: int, seconds: float) -> tuple[bytes, bool]:
+    """(at most ``limit`` bytes of a body, whether that was all of it), read for at most ``seconds``.
+    The rest is never read: closing the response then drops the connection instead of draining it."""
     parts: list[bytes] = []
     size = 0
-    async for chunk in response.aiter_bytes():
-        parts.append(chunk)
-        size += len(chunk)
-        if size >= limit:
-            break
-    return b"".join(parts)[:limit]
+    whole = False
+    with anyio.move_on_after(seconds):
+        async for chunk in response.aiter_bytes():
+            parts.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                break
+        else:
+            whole = True
+    return b"".join(parts)[:limit], whole
 
 
 @asynccontextmanager
@@ -88,10 +98,13 @@ async def open_stream(client: httpx.AsyncClient, alias: str, url: str, body: Map
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:
             if response.status_code >= 400:
-                raw = await read_capped(response)
-                text = raw.decode("utf-8", errors="replace")
-                log.debug("%s: HTTP %s, body: %s", alias, response.status_code, redact(text, secrets))
-                raise translate_error(alias, response.status_code, parse_body(raw), response.headers)
+                # Only the head: an error body says its class and a message, nothing past 64 KiB.
+                raw, whole = await read_head(response, MAX_ERROR_BODY, ERROR_BODY_SECONDS)
+                if log.isEnabledFor(logging.DEBUG):  # redacting costs: only for a log that keeps it
+                    text = raw.decode("utf-8", errors="replace")
+                    log.debug("%s: HTTP %s, body: %s", alias, response.status_code, redact(text, secrets))
+                raise translate_error(alias, response.status_code, parse_body(raw, whole),
+                                      response.headers)
             started = True
             yield response
     except httpx.HTTPError as exc:
@@ -99,14 +112,21 @@ async def open_stream(client: httpx.AsyncClient, alias: str, url: str, body: Map
 
 
 async def get_json(client: httpx.AsyncClient, method: str, url: str, *,
-                   headers: Mapping[str, str], body: Any = None) -> Any:
-    """A small metadata call; None on any failure (discovery never raises)."""
-    try:
-        response = await client.request(method, url, headers=headers, json=body)
-        if response.status_code != 200:
+                   headers: Mapping[str, str], body: Any = None,
+                   seconds: float = METADATA_SECONDS) -> Any:
+    """A small metadata call; None on any failure, on a body over ``MAX_METADATA_BODY`` and when the
+    whole call takes over ``seconds`` (discovery never raises, and never holds a turn for long)."""
+    raw, whole = b"", False
+    with anyio.move_on_after(seconds):
+        try:
+            async with client.stream(method, url, headers=headers, json=body) as response:
+                if response.status_code == 200:
+                    raw, whole = await read_head(response, MAX_METADATA_BODY, seconds)
+        except httpx.HTTPError:
             return None
-        return response.json()
-    except (httpx.HTTPError, ValueError):
+    try:
+        return json.loads(raw) if whole else None
+    except ValueError:
         return None
 
 
@@ -189,7 +209,8 @@ class HttpProvider:
 
     def _cleaned(self, exc: ProviderError) -> ProviderError:
         """The error as a frame may show it: short, redacted; the whole text to the DEBUG log."""
-        log.debug("%s", redact(exc.message, self._secrets))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s", redact(exc.message, self._secrets))
         exc.message = short_message(exc.message, self._secrets)
         exc.args = (exc.message,)
         return exc

@@ -6,7 +6,8 @@ Network chunks can split anywhere: inside a UTF-8 character, inside ``\\r\\n``, 
 whitespace between values). Lines are cut on bytes (those bytes never occur inside a UTF-8 sequence),
 so each chunk's complete lines are decoded with one ``bytes.decode`` and split with one ``str.split``:
 no per-character work in Python. A line longer than ``max_line_bytes`` raises ``LineTooLong`` as
-soon as it is known to be too long, so a provider cannot grow memory with one endless line.
+soon as it is known to be too long, so a provider cannot grow memory with one endless line, nor
+with one endless event of ``data:`` lines (its data has the same bound).
 
 ``SSEDecoder`` follows the WHATWG event-stream rules: ``event:``, multi-line ``data:`` (joined with
 ``\\n``), ``id:``, ``retry:``, ``:`` comments, a blank line dispatches. One deliberate difference: at
@@ -25,8 +26,8 @@ DEFAULT_MAX_LINE_BYTES = 1024 * 1024
 
 
 class LineTooLong(ValueError):
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"a line longer than {limit} bytes")
+    def __init__(self, limit: int, what: str = "a line") -> None:
+        super().__init__(f"{what} longer than {limit} bytes")
         self.limit = limit
 
 
@@ -104,8 +105,10 @@ class SSEDecoder:
 
     def __init__(self, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
         self._lines = LineDecoder(max_line_bytes)
+        self._max = max_line_bytes
         self._event = ""
         self._data: list[str] = []
+        self._data_size = 0  # characters of data: an event is bounded like a line
         self._id: str | None = None
         self._retry: int | None = None
 
@@ -126,7 +129,7 @@ class SSEDecoder:
                 else:
                     self._event = ""  # an event with no data is not dispatched (WHATWG)
             elif line.startswith("data: "):  # the common field, without the general parse
-                self._data.append(line[6:])
+                self._add_data(line[6:])
             elif line[0] != ":":
                 self._field(line)
         return events
@@ -136,13 +139,21 @@ class SSEDecoder:
         if value.startswith(" "):
             value = value[1:]
         if name == "data":
-            self._data.append(value)
+            self._add_data(value)
         elif name == "event":
             self._event = value
         elif name == "id" and "\0" not in value:
             self._id = value
         elif name == "retry" and value.isdigit():
             self._retry = int(value)
+
+    def _add_data(self, value: str) -> None:
+        # Many data lines and no blank line would grow one event without end: its data is bounded
+        # by the line bound (one event carries one JSON value; a line could carry it whole).
+        self._data_size += len(value) + 1
+        if self._data_size > self._max:
+            raise LineTooLong(self._max, "an event")
+        self._data.append(value)
 
     def _dispatch(self) -> SSEEvent | None:
         if not self._data:
@@ -156,6 +167,7 @@ class SSEDecoder:
                          self._id, self._retry)
         self._event = ""
         self._data = []
+        self._data_size = 0
         return event
 
 

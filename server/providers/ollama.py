@@ -46,7 +46,8 @@ from server.providers.openai import wire_tools
 from server.providers.translate import translate_error
 
 ASSUMED_SERVER_NUM_CTX = 4096
-_NUM_CTX = re.compile(r"^\s*num_ctx\s+(\d+)\s*$", re.MULTILINE)
+# [ \t], not \s: a \s* at each line start ran over every newline after it (quadratic).
+_NUM_CTX = re.compile(r"^[ \t]*num_ctx[ \t]+(\d+)[ \t]*\r?$", re.MULTILINE)
 
 
 def _wire_message(message: ChatMessage) -> dict[str, Any]:

@@ -42,15 +42,20 @@ from server.errors import (
     RateLimited,
     Unavailable,
 )
+from server.providers.redact import clip
 
 _OVERFLOW_TEXT = re.compile(
     r"maximum context length|context length|context window|context size|prompt is too long"
     r"|exceeds? the (?:available )?context|too many tokens",
     re.IGNORECASE,
 )
-_LIMIT = re.compile(r"maximum context length is (\d+)|(\d+) maximum|context length of (\d+)", re.I)
+# (?<!\d): a number is read from its first digit; tried at every digit of a long run, "(\d+) maximum"
+# was quadratic.
+_LIMIT = re.compile(r"maximum context length is (\d+)|(?<!\d)(\d+) maximum|context length of (\d+)", re.I)
 _REQUESTED = re.compile(r"(?:resulted in|requested|too long:) (\d+) tokens", re.I)
 _NOT_OVERFLOW_STATUS = (401, 403, 404, 429, 503, 529)
+CUT_BODY_CHARS = 200  # of a body too long to read whole: a proxy's page, a dump
+KIND_CHARS = 200  # an error type is a short identifier; anything longer is shown cut
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,13 @@ class Overflow:
 
 
 def error_parts(payload: Any) -> tuple[str, str, Any, Mapping[str, Any]]:
-    """(message, type, code, the error object) from any dialect's error body."""
+    """(message, type, code, the error object) from any dialect's error body; the message and type are
+    clipped (``redact.clip``), so no pattern ever runs over more than ``TEXT_CHARS`` of them."""
+    message, kind, code, error = _parts(payload)
+    return clip(message), clip(kind, KIND_CHARS), code, error
+
+
+def _parts(payload: Any) -> tuple[str, str, Any, Mapping[str, Any]]:
     if isinstance(payload, str):
         return payload, "", None, {}
     if not isinstance(payload, Mapping):
@@ -144,12 +155,17 @@ def _overflow_error(text: str, status: int | None, overflow: Overflow) -> Contex
                            limit_tokens=overflow.limit)
 
 
-def parse_body(body: bytes) -> Any:
+def parse_body(body: bytes, whole: bool = True) -> Any:
+    """An error body as JSON, else as text. Of a body cut at its head (``whole`` False) that is not
+    JSON by itself, the text is kept to its first ``CUT_BODY_CHARS`` and says where it was cut."""
     text = body.decode("utf-8", errors="replace").strip()
     try:
         return json.loads(text)
     except ValueError:
+        pass
+    if whole:
         return text
+    return f"{clip(text, CUT_BODY_CHARS)} [cut after {len(body) // 1024} KiB]".lstrip()
 
 
 def transport_error(alias: str, exc: httpx.HTTPError, *, started: bool) -> ProviderError:

@@ -12,6 +12,8 @@ Fixtures (``tests/fakes/fixtures.py``; session-scoped servers, reset before each
     .split                    None, or byte sizes (int or sequence, cycled) to cut the stream into;
                               (1, 2, 3, 5, 7) cuts UTF-8 characters and CRLF pairs
     .newline                  "\\n" (default), "\\r\\n" or "\\r" between SSE / NDJSON lines
+    .meta_flood               (head, item, size): the metadata endpoint answers head + item... to size
+                              bytes (ENDLESS: never ends) instead of its card
     .models                   metadata: openai {"id": {"max_model_len": N} | {"context_length": N}},
                               ollama {"name": {"context_length": N, "num_ctx": M?, "arch": "llama"}}
     .api_key                  when set, requests without it get the dialect's 401
@@ -26,7 +28,8 @@ Fixtures (``tests/fakes/fixtures.py``; session-scoped servers, reset before each
 ``Reply(text=[pieces], thinking=[pieces], tool_calls=[Call(name, arguments, id="")],
 usage=(input, output) | None | "auto", finish=None, model=None, status=200, error="...",
 error_type=None, error_code=None, body=None, headers={}, stream_error=None, ending="complete" |
-"drop" | "close", delay=0.0, raw=None, cache=(0, 0), hold=None | threading.Event)``;
+"drop" | "close", delay=0.0, raw=None, cache=(0, 0), hold=None | threading.Event,
+keepalive=0.0, error_size=0 | ENDLESS, error_fill=b" ")``;
 see ``tests/fakes/base.py``.
 
 ``await drain(provider.stream(request))`` returns ``(events, error_or_None)``.
@@ -35,9 +38,20 @@ see ``tests/fakes/base.py``.
 from __future__ import annotations
 
 from tests.fakes.anthropic_fake import FakeAnthropic
-from tests.fakes.base import AUTO, Call, FakeProvider, Recorded, Reply, drain, running, serve_in_thread
+from tests.fakes.base import (
+    AUTO,
+    ENDLESS,
+    Call,
+    FakeProvider,
+    Recorded,
+    Reply,
+    drain,
+    running,
+    serve_in_thread,
+)
 from tests.fakes.ollama_fake import FakeOllama
 from tests.fakes.openai_fake import FakeOpenAI
 
-__all__ = ["AUTO", "Call", "FakeAnthropic", "FakeOllama", "FakeOpenAI", "FakeProvider", "Recorded", "Reply",
+__all__ = ["AUTO", "ENDLESS", "Call", "FakeAnthropic", "FakeOllama", "FakeOpenAI", "FakeProvider", "Recorded",
+           "Reply",
            "drain", "running", "serve_in_thread"]

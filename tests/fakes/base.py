@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from tests.support import run_server
 
 AUTO = "auto"
+ENDLESS = 1 << 62  # an error_size no body reaches: the body never ends
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,8 @@ class Reply:
     ``hold``: the stream pauses after the pieces until the test sets this event (a stream that hangs
     mid-reply, for "stop" tests without timing). ``keepalive``: after the pieces, only keep-alives
     (an SSE comment, an empty NDJSON line) every that many seconds until the client goes away.
-    ``error_size``: an error body padded with whitespace to that many bytes, made as it is sent
-    (``fake.error_bytes_sent`` counts what left).
+    ``error_size``: an error body padded with ``error_fill`` (whitespace by default) to that many
+    bytes, made as it is sent (``fake.error_bytes_sent`` counts what left); ``ENDLESS`` never ends.
     """
 
     text: Sequence[str] = ()
@@ -70,6 +71,7 @@ class Reply:
     hold: threading.Event | None = None  # after the pieces, wait until the test sets it
     keepalive: float = 0.0
     error_size: int = 0
+    error_fill: bytes = b" "
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,8 @@ class FakeProvider:
         self.api_key: str | None = None
         self.default: Callable[[Any], Reply] | None = None
         self.error_bytes_sent = 0
+        self.meta_flood: tuple[bytes, bytes, int] | None = None
+        self.drip = 0.0  # > 0: floods go out one fill at a time, this many seconds apart
 
     def enqueue(self, *replies: Reply) -> None:
         self._queue.extend(replies)
@@ -166,6 +170,8 @@ class FakeProvider:
         self.api_key = None
         self.default = None
         self.error_bytes_sent = 0
+        self.meta_flood = None
+        self.drip = 0.0
 
     def next_reply(self, body: Any) -> Reply:
         if self._queue:
@@ -223,6 +229,24 @@ class FakeProvider:
             await asyncio.sleep(reply.keepalive)
             yield self.keepalive_bytes()
 
+    def flood(self) -> Response:
+        """The metadata answer ``meta_flood = (head, item, size)`` asks for: ``head`` then ``item``
+        again and again up to ``size`` bytes (``ENDLESS``: forever), a JSON text that never closes."""
+        assert self.meta_flood is not None
+        head, item, size = self.meta_flood
+
+        async def body() -> AsyncIterator[bytes]:
+            sent = len(head)
+            yield head
+            block = item if self.drip else item * max(1, 65536 // len(item))
+            while sent < size:
+                sent += len(block)
+                self.error_bytes_sent += len(block)
+                yield block
+                await asyncio.sleep(self.drip)  # lets Starlette see the client go (see _padded)
+
+        return StreamingResponse(body(), media_type="application/json")
+
     def keepalive_bytes(self) -> bytes:
         return f": keep-alive{self.newline}{self.newline}".encode()
 
@@ -240,21 +264,22 @@ class FakeProvider:
     def error_response(self, reply: Reply) -> Response:
         content = reply.body if reply.body is not None else self.error_body(reply)
         if reply.error_size:
-            return StreamingResponse(self._padded(content, reply.error_size), status_code=reply.status,
+            return StreamingResponse(self._padded(content, reply.error_size, reply.error_fill),
+                                     status_code=reply.status,
                                      media_type="application/json", headers=dict(reply.headers))
         return self.error_json(reply.status, content, reply.headers)
 
-    async def _padded(self, content: Any, size: int) -> AsyncIterator[bytes]:
+    async def _padded(self, content: Any, size: int, fill: bytes) -> AsyncIterator[bytes]:
         head = (content if isinstance(content, str) else json.dumps(content)).encode()
         self.error_bytes_sent += len(head)
         yield head
-        pad = b" " * 65536
+        pad = fill if self.drip else (fill * (65536 // len(fill) + 1))[:65536]
         while self.error_bytes_sent < size:
             self.error_bytes_sent += len(pad)
             yield pad
             # Once the client has gone uvicorn drops writes without waiting; yielding to the loop lets
             # Starlette see the disconnect and stop this body, so the count is what the client let in.
-            await asyncio.sleep(0)
+            await asyncio.sleep(self.drip)
 
     def sse(self, data: Any, event: str | None = None) -> bytes:
         nl = self.newline

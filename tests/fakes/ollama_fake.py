@@ -36,6 +36,8 @@ class FakeOllama(FakeProvider):
 
     async def show(self, request: Request) -> Response:
         body = await self.record(request, self.meta_requests)
+        if self.meta_flood is not None:
+            return self.flood()
         name = (body or {}).get("model", "")
         card = self.models.get(name)
         if card is None:

@@ -47,6 +47,8 @@ class FakeOpenAI(FakeProvider):
 
     async def list_models(self, request: Request) -> Response:
         await self.record(request, self.meta_requests)
+        if self.meta_flood is not None:
+            return self.flood()
         cards = [{"id": name, "object": "model", "created": 0, "owned_by": "fake", **extra}
                  for name, extra in self.models.items()]
         return JSONResponse({"object": "list", "data": cards})
