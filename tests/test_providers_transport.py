@@ -14,6 +14,7 @@ import pytest
 
 from server.config.settings import ProviderProfile
 from server.providers._http import build_client
+from server.providers.h1 import FastPool
 from server.providers.transport import LeanBackend, build_transport
 from tests.support import run_server
 
@@ -61,7 +62,7 @@ async def test_streams_through_the_lean_backend_and_keeps_the_connection():
     assert len({tuple(client) for client in clients}) == 1  # one TCP connection, kept alive
 
 
-async def test_the_provider_client_reads_through_the_lean_backend(monkeypatch):
+async def test_the_provider_client_reads_through_the_fast_pool(monkeypatch):
     for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
     clients: list[Any] = []
@@ -70,8 +71,7 @@ async def test_the_provider_client_reads_through_the_lean_backend(monkeypatch):
         async with client:
             assert await streamed(client, f"{running.url}/?parts=1") == b"part 0000\n"
             assert isinstance(client._transport, httpx.AsyncHTTPTransport)
-            assert isinstance(client._transport._pool, httpcore.AsyncConnectionPool)
-            assert isinstance(client._transport._pool._network_backend, LeanBackend)
+            assert isinstance(client._transport._pool, FastPool)
 
 
 async def test_a_proxy_in_the_environment_keeps_httpx_default_transport(monkeypatch):

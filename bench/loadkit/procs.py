@@ -119,6 +119,19 @@ def cpu_seconds(pid: int | tuple[int, ...]) -> float:
     return total
 
 
+def rw_syscalls(pid: int | tuple[int, ...]) -> int:
+    """Read and write system calls so far (``syscr`` + ``syscw`` of /proc/PID/io: read, recv,
+    write, send and their kin; epoll is not counted), over the process tree."""
+    total = 0
+    for member in tree(pid):
+        try:
+            fields = dict(line.split(": ") for line in Path(f"/proc/{member}/io").read_text().splitlines())
+        except (OSError, ValueError):
+            continue
+        total += int(fields.get("syscr", 0)) + int(fields.get("syscw", 0))
+    return total
+
+
 def rss_bytes(pid: int | tuple[int, ...]) -> int:
     total = 0
     for member in tree(pid):

@@ -8,7 +8,7 @@ from typing import Any
 from bench.loadkit import rss
 
 COLUMNS = ("path", "ok", "chunks", "lost", "reord", "p50 ms", "p99 ms", "+p50", "+p99", "1st +p50",
-           "1st +p99", "cpu s/1k", "1-core cap", "core %", "rss/sess KiB",
+           "1st +p99", "cpu s/1k", "rw sys/chunk", "1-core cap", "core %", "rss/sess KiB",
            "client %", "redis rt/chunk")
 
 
@@ -29,7 +29,8 @@ def row(name: str, r: dict[str, Any], direct: dict[str, Any]) -> list[str]:
             str(r["reordered"]), cell(delay.get("p50")), cell(delay.get("p99")),
             cell(added(delay, base, "p50")), cell(added(delay, base, "p99")),
             cell(added(first, base_first, "p50")), cell(added(first, base_first, "p99")),
-            cell(r.get("cpu_per_1k"), 3), cell(ceiling(r), 0), cell(r.get("core_pct"), 0),
+            cell(r.get("cpu_per_1k"), 3), cell(r.get("syscalls_per_chunk"), 2), cell(ceiling(r), 0),
+            cell(r.get("core_pct"), 0),
             cell(r.get("rss_per_session"), 0), cell(r.get("client_pct"), 0),
             cell(r.get("redis_reads_per_chunk"), 3)]
 

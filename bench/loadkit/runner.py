@@ -138,6 +138,7 @@ class Bench:
     def clients(self, plan: dict[str, Any], pid: tuple[int, ...] | None) -> dict[str, Any]:
         """Run one client process against a path, sampling the server while it runs."""
         cpu0 = procs.cpu_seconds(pid) if pid else 0.0
+        calls0 = procs.rw_syscalls(pid) if pid else 0
         rss0 = peak = procs.rss_bytes(pid) if pid else 0
         samples = [rss0]
         started = time.monotonic()
@@ -159,6 +160,7 @@ class Bench:
                       client_pct=100 * result["client_cpu"] / wall)
         if cpu is not None:
             result.update(cpu_per_1k=1000 * cpu / max(1, result["received"]), core_pct=100 * cpu / wall,
+                          syscalls_per_chunk=(procs.rw_syscalls(pid) - calls0) / max(1, result["received"]),
                           rss_per_session=(peak - rss0) / plan["sessions"] / 1024,
                           rss_mib=[round(rss0 / 2**20), round(peak / 2**20), round(samples[-1] / 2**20)],
                           rss_series=rss.series(samples), rss_base=rss0)
@@ -263,6 +265,8 @@ def header(args: argparse.Namespace, notes: list[str]) -> str:
              f"uvicorn options: {uvicorn_options(args) or 'as server/cli.py sets them'}",
              "columns: delays in ms; + = added over direct; cpu s/1k = server CPU seconds per 1,000 "
              "chunks; core % = server CPU share of one core; rss/sess = server RSS growth per session",
+             "rw sys/chunk = the server's read and write system calls (/proc/PID/io syscr + syscw; "
+             "epoll not counted) per chunk delivered",
              "ok = sessions held (their reply finished); redis rt/chunk = Redis round trips (requests "
              "read) per chunk delivered",
              *cluster_notes(args),

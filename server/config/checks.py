@@ -23,7 +23,7 @@ POSITIVE_SERVER_SETTINGS = ("max_outbox_bytes", "max_connections", "hello_timeou
 # Provider limits that must be positive: 0 would mean "never" or "nothing", not "off".
 POSITIVE_PROVIDER_SETTINGS = ("idle_timeout_seconds", "max_line_bytes", "max_connections",
                               "pool_timeout_seconds")
-POSITIVE_LIVE_SETTINGS = ("lease_ttl_ms", "stream_max_frames")
+POSITIVE_LIVE_SETTINGS = ("lease_ttl_ms", "stream_max_frames", "coalesce_bytes")
 
 
 def check_type(key: str, value: Any, setting: Setting) -> Any:
@@ -70,6 +70,8 @@ def check_live(live: Mapping[str, Any]) -> None:
     for key in POSITIVE_LIVE_SETTINGS:
         if live[key] <= 0:
             raise ConfigError(f"live.{key}: expected a positive integer, got {live[key]!r}")
+    if live["coalesce_ms"] < 0:
+        raise ConfigError(f"live.coalesce_ms: expected 0 or more, got {live['coalesce_ms']!r}")
 
 
 def check_route(route: str, providers: Mapping[str, ProviderProfile], key: str) -> None:

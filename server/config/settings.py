@@ -81,6 +81,9 @@ class LiveSettings:
     url: str = setting("", "redis://HOST:PORT/DB shared by every instance; empty = in-process.")
     lease_ttl_ms: int = setting(10000, "A turn's lease; an instance silent this long is taken over.")
     stream_max_frames: int = setting(10000, "Frames kept per session stream (MAXLEN ~) for resume.")
+    coalesce_ms: int = setting(0, "Wait this many ms before publishing, to join a session's chunk frames; "
+                                  "0 = no wait (chunks queued during the previous append are joined anyway).")
+    coalesce_bytes: int = setting(16384, "The most text one joined chunk frame carries to Redis.")
 
 
 @dataclass(frozen=True)

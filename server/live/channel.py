@@ -65,9 +65,10 @@ class RedisChannel(FrameChannel):
         self.live.enqueue(self, frame)
         return frame
 
-    def assigned(self, frame: Frame, seq: int | None) -> None:
-        """The flusher's answer: ``frame`` got ``seq`` (None: it never reached Redis)."""
-        self.pending -= 1
+    def assigned(self, frame: Frame, seq: int | None, frames: int = 1) -> None:
+        """The flusher's answer: ``frame`` got ``seq`` (None: it never reached Redis); it stands for
+        ``frames`` emitted frames (a run of chunks the appender joined)."""
+        self.pending -= frames
         if self.pending == 0:
             self._settled.set()
         if seq is None:

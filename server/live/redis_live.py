@@ -64,7 +64,8 @@ class RedisLive:
             max_connections=POOL_SIZE, timeout=POOL_WAIT_SECONDS))
         self.instance = instance or uuid.uuid4().hex[:12]
         self.bus = bus
-        self.appender = Appender(self.redis, self.instance, settings.stream_max_frames)
+        self.appender = Appender(self.redis, self.instance, settings.stream_max_frames,
+                                 settings.coalesce_ms, settings.coalesce_bytes)
         self.lease = TurnLease(self.redis, self.instance, settings.lease_ttl_ms)
         self.on_control: Callable[[dict[str, Any]], None] = lambda message: None
         self.on_orphan: Callable[[str, Claim], None] = lambda session_id, claim: None

@@ -1,5 +1,7 @@
 """The transport provider streams are read through: httpx's own (``httpx.AsyncHTTPTransport``: its
-pool, h11, its errors), over a lean network backend written on asyncio's protocol API.
+pool, limits and errors) with HTTP/1.1 parsed in C (``build_transport``: ``h1.FastPool``), and
+``LeanBackend``, a lean network backend for httpcore's own h11 connections written on asyncio's
+protocol API (the previous read path, kept as the h11 reference the tests and benches compare with).
 
 Why: with 100 paced streams, reading the provider cost about 40 % of the server's CPU, and a third
 of that was anyio's socket stream under httpcore, paid on every network read: a cancel scope
@@ -7,8 +9,9 @@ of that was anyio's socket stream under httpcore, paid on every network read: a 
 ``resume_reading``/``pause_reading`` pair (two epoll changes) around each receive. ``LeanStream``
 keeps what arrives in a buffer the protocol fills, so a read whose bytes are already there returns
 at once, and a read that must wait arms one timer for its timeout (docs/performance-core.md has the
-figures). Only the network layer changes: requests, the pool and its limits, keep-alive, TLS (the
-same SSL context), HTTP parsing and httpx's exceptions stay httpx's and httpcore's.
+figures). After that cut, h11 parsing each chunk in pure Python (and httpcore's exception map
+around each of its events) was the largest part left: ``h1.py`` parses in C with httptools, on its
+own protocol, under the same httpx pool and errors (docs/performance.md, "A C-parsed read path").
 
 It runs on asyncio (uvloop included), which is what uvicorn serves on. With a proxy configured in
 the environment, or under another event loop, ``build_transport`` returns None and the caller keeps
@@ -26,6 +29,8 @@ from typing import Any, cast
 
 import httpcore
 import httpx
+
+from server.providers.h1 import FastPool
 
 HIGH_WATER = 256 * 1024  # bytes buffered before the socket stops being read (flow control)
 
@@ -191,15 +196,16 @@ async def _connect(opener: Any, timeout: float | None, socket_options: Iterable[
 
 
 def build_transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport | None:
-    """httpx's transport with its pool on ``LeanBackend``; None where httpx's default must stay (a
-    proxy in the environment, or an httpx whose transport no longer keeps a connection pool)."""
+    """httpx's transport with its pool replaced by ``h1.FastPool`` (httpcore's pool, HTTP/1.1
+    connections parsed by httptools); None where httpx's default must stay (a proxy in the
+    environment, or an httpx whose transport no longer keeps a connection pool)."""
     if any(scheme != "no" for scheme in urllib.request.getproxies()):  # NO_PROXY alone names none
         return None
     transport = httpx.AsyncHTTPTransport(limits=limits)
     if not isinstance(getattr(transport, "_pool", None), httpcore.AsyncConnectionPool):
         return None
-    transport._pool = httpcore.AsyncConnectionPool(
+    transport._pool = FastPool(
         ssl_context=httpx.create_ssl_context(), max_connections=limits.max_connections,
         max_keepalive_connections=limits.max_keepalive_connections,
-        keepalive_expiry=limits.keepalive_expiry, network_backend=LeanBackend())
+        keepalive_expiry=limits.keepalive_expiry)
     return transport

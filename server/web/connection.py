@@ -31,6 +31,7 @@ from server.sessions.channel import Frame, Outbox, Packet
 from server.sessions.hub import SessionHub
 from server.sessions.session import Session
 from server.web.limits import TokenBucket
+from server.web.ws_guard import SEND_TEXTS
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +227,9 @@ class Connection:
     async def send_loop(self, done: anyio.CancelScope) -> None:
         """Send until the socket is gone or the outbox was ended and is empty; then ``done``."""
         outbox = self.outbox
+        # Where meterchat's own WebSocket protocol serves (ws_guard.py), a batch goes to the
+        # transport as one write, past Starlette's and uvicorn's per-frame send.
+        direct = self.ws.scope.get("extensions", {}).get(SEND_TEXTS)
         try:
             while True:
                 await outbox.wait()
@@ -234,7 +238,13 @@ class Connection:
                 if self.coalesce_seconds and outbox.frames[0].frame is not None:
                     await anyio.sleep(self.coalesce_seconds)
                 # Adaptive: chunks that piled up while the loop was busy leave as one frame.
-                for packet in coalesce(outbox.take()):
+                packets = coalesce(outbox.take())
+                if direct is not None:
+                    if not await direct([packet.text for packet in packets]):
+                        return
+                    outbox.sent(sum(packet.size for packet in packets))
+                    continue
+                for packet in packets:
                     try:
                         await self.ws.send_text(packet.text)
                     except (WebSocketDisconnect, RuntimeError):

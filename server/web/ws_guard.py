@@ -35,6 +35,8 @@ from typing import ClassVar
 from uvicorn._types import ASGISendEvent
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.exceptions import InvalidState
+from websockets.http11 import Request
 from websockets.protocol import State
 
 LINGER_SECONDS = 3.0  # long enough for a 20 MiB frame over a slow LAN link, short for a held socket
@@ -44,6 +46,11 @@ MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
 # history page, 1 MiB of text, a few MiB once JSON escapes it) and well below what a pong flood
 # piled up.
 MAX_UNSENT_BYTES = 16 * 1024 * 1024
+# The scope extension under which the protocol offers ``send_texts`` to the app (web/connection.py),
+# and how much one direct write carries: one frame per coalesced batch of chunks, and below the
+# transport's buffer bounds above however many frames the outbox holds.
+SEND_TEXTS = "meterchat.send_texts"
+DIRECT_WRITE_BYTES = 64 * 1024
 
 
 class LingeringWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -123,3 +130,37 @@ class LingeringWebSocketProtocol(WebSocketsSansIOProtocol):
         if self.lingering:
             raise ClientDisconnected()  # the connection failed; the app sees it as gone, as before
         await super().send(message)
+
+    def handle_connect(self, event: Request) -> None:
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)  # none when the handshake was refused
+        if scope is not None:
+            scope["extensions"][SEND_TEXTS] = self.send_texts
+
+    async def send_texts(self, texts: list[str]) -> bool:
+        """Send ``texts`` as text frames, written to the transport together in writes of about
+        ``DIRECT_WRITE_BYTES``, each after the socket took the previous (uvicorn's ``writable``);
+        False once the connection is gone or closing (nothing more can be sent)."""
+        batch: list[bytes] = []
+        size = 0
+        for text in texts:
+            data = text.encode()
+            batch.append(data)
+            size += len(data)
+            if size >= DIRECT_WRITE_BYTES:
+                if not await self._write_frames(batch):
+                    return False
+                batch, size = [], 0
+        return not batch or await self._write_frames(batch)
+
+    async def _write_frames(self, batch: list[bytes]) -> bool:
+        await self.writable.wait()
+        if self.disconnected or self.close_sent or self.lingering or self.transport.is_closing():
+            return False
+        try:
+            for data in batch:
+                self.conn.send_text(data)
+        except InvalidState:
+            return False
+        self.transport.write(b"".join(self.conn.data_to_send()))  # one write for the batch
+        return True

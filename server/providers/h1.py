@@ -1,0 +1,291 @@
+"""HTTP/1.1 connections for httpcore's pool whose responses are parsed in C (``h1_parse.py``).
+
+``FastPool`` is httpcore's ``AsyncConnectionPool`` (so httpx's client, limits, pool timeout and
+keep-alive expiry stay as they are) whose ``create_connection`` returns an ``H1Connection``: one
+TCP (or TLS) connection on asyncio's protocol API that writes each request itself and hands the
+response body on as llhttp cuts it (one piece per chunk of a chunked body, as h11 does).
+
+Contracts, the same as httpcore's ``AsyncHTTP11Connection`` over ``AsyncHTTPConnection``:
+- errors are httpcore's (``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``, ``ReadError``,
+  ``WriteTimeout``, ``WriteError``, ``RemoteProtocolError``, ``LocalProtocolError``), which httpx
+  maps to its own; the request's ``timeout`` extension gives connect, read (each wait for bytes)
+  and write (each wait for the socket to drain);
+- a connection goes back to the pool only after its response was read to the end and allowed
+  keep-alive; a response closed early, or any failure, closes it;
+- ``has_expired`` is true past ``keepalive_expiry`` of idleness, or when an idle connection's peer
+  closed it or sent anything.
+Only HTTP/1.1 is spoken (ALPN offers nothing else); no trace extension, no upgrade, no CONNECT:
+with a proxy in the environment ``transport.build_transport`` keeps httpx's default transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import re
+import ssl
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from typing import Any
+
+import httpcore
+
+from server.providers.h1_parse import HIGH_WATER, ResponseReader
+
+_WRITE_BATCH = 64 * 1024
+_BAD_FIELD = re.compile(rb"[\r\n\x00]")
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+class _State(enum.IntEnum):
+    NEW = 0
+    ACTIVE = 1
+    IDLE = 2
+    CLOSED = 3
+
+
+def _expire(future: asyncio.Future[None], error: type[Exception]) -> None:
+    if not future.done():
+        future.set_exception(error("timed out"))
+
+
+async def _wait(future: asyncio.Future[None], timeout: float | None, error: type[Exception]) -> None:
+    # One timer per wait that must happen; a read whose bytes are there already arms none.
+    timer = None if timeout is None else asyncio.get_running_loop().call_later(
+        timeout, _expire, future, error)
+    try:
+        await future
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def request_head(request: httpcore.Request) -> bytes:
+    """The request line and header fields; ``LocalProtocolError`` for what would break framing."""
+    if not _TOKEN.fullmatch(request.method):
+        raise httpcore.LocalProtocolError(f"invalid method {request.method!r}")
+    target = request.url.target
+    if not target or b" " in target or _BAD_FIELD.search(target):
+        raise httpcore.LocalProtocolError(f"invalid request target {target!r}")
+    lines = [request.method + b" " + target + b" HTTP/1.1"]
+    for name, value in request.headers:
+        if not _TOKEN.fullmatch(name) or _BAD_FIELD.search(value):
+            raise httpcore.LocalProtocolError(f"invalid header {name!r}")
+        lines.append(name + b": " + value)
+    lines.append(b"\r\n")
+    return b"\r\n".join(lines)
+
+
+def _chunked(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    return any(name.lower() == b"transfer-encoding" and b"chunked" in value.lower()
+               for name, value in headers)
+
+
+class H1Connection(httpcore.AsyncConnectionInterface):
+    """One origin, one socket, one request at a time (see the module docstring)."""
+
+    def __init__(self, origin: httpcore.Origin, ssl_context: ssl.SSLContext | None,
+                 keepalive_expiry: float | None, socket_options: Iterable[Any] | None = None) -> None:
+        self._origin = origin
+        self._ssl_context = ssl_context
+        self._keepalive_expiry = keepalive_expiry
+        self._socket_options = socket_options
+        self._state = _State.NEW
+        self._expire_at: float | None = None
+        self._requests = 0
+        self._transport: asyncio.Transport | None = None
+        self._reader = ResponseReader()
+        self._connect_failed = False
+
+    # the pool's interface
+
+    def can_handle_request(self, origin: httpcore.Origin) -> bool:
+        return origin == self._origin
+
+    def is_available(self) -> bool:
+        return self._state == _State.IDLE
+
+    def has_expired(self) -> bool:
+        if self._state == _State.NEW:
+            return self._connect_failed
+        if self._state != _State.IDLE:
+            return False
+        expired = self._expire_at is not None and time.monotonic() > self._expire_at
+        return expired or self._reader.stale or self._reader.eof
+
+    def is_idle(self) -> bool:
+        return self._state == _State.IDLE or self._connect_failed
+
+    def is_closed(self) -> bool:
+        return self._state == _State.CLOSED or self._connect_failed
+
+    def info(self) -> str:
+        return f"{str(self._origin)!r}, HTTP/1.1 (httptools), {self._state.name}, " \
+               f"Request Count: {self._requests}"
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} [{self.info()}]>"
+
+    async def aclose(self) -> None:
+        self._state = _State.CLOSED
+        if self._transport is not None:
+            self._transport.close()
+
+    async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
+        if not self.can_handle_request(request.url.origin):
+            raise RuntimeError(f"request to {request.url.origin} on a connection to {self._origin}")
+        if self._state not in (_State.NEW, _State.IDLE):
+            raise httpcore.ConnectionNotAvailable()
+        timeouts = request.extensions.get("timeout", {})
+        new = self._state == _State.NEW
+        self._state, self._expire_at = _State.ACTIVE, None
+        self._requests += 1
+        try:
+            if new:
+                await self._connect(request, timeouts.get("connect"))
+            self._reader.expect(head_only=request.method == b"HEAD")
+            await self._send(request, timeouts.get("write"))
+            await self._head(timeouts.get("read"))
+        except BaseException:
+            await self.aclose()
+            raise
+        reader = self._reader
+        return httpcore.Response(
+            status=reader.status, headers=reader.headers,
+            content=H1Body(self, timeouts.get("read")),
+            extensions={"http_version": reader.http_version, "reason_phrase": reader.reason})
+
+    # connecting, writing, reading the head
+
+    async def _connect(self, request: httpcore.Request, timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        host, port = self._origin.host.decode("ascii"), self._origin.port
+        context = None
+        if self._origin.scheme in (b"https", b"wss"):
+            context = self._ssl_context or ssl.create_default_context()
+            context.set_alpn_protocols(["http/1.1"])
+        sni = request.extensions.get("sni_hostname") or host if context else None
+        try:
+            async with asyncio.timeout(timeout):
+                transport, _ = await loop.create_connection(lambda: self._reader, host, port,
+                                                            ssl=context, server_hostname=sni)
+        except TimeoutError as exc:
+            self._connect_failed = True
+            raise httpcore.ConnectTimeout("connecting timed out") from exc
+        except OSError as exc:  # ssl.SSLError included: a failed handshake is a failed connect
+            self._connect_failed = True
+            raise httpcore.ConnectError(str(exc) or type(exc).__name__) from exc
+        except BaseException:
+            self._connect_failed = True
+            raise
+        self._transport = transport
+        for option in self._socket_options or ():
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(*option)
+
+    async def _send(self, request: httpcore.Request, timeout: float | None) -> None:
+        pending = [request_head(request)]
+        size = len(pending[0])
+        chunked = _chunked(request.headers)
+        assert isinstance(request.stream, AsyncIterable)
+        async for part in request.stream:
+            if not part:
+                continue
+            if chunked:
+                part = b"%x\r\n%b\r\n" % (len(part), part)
+            pending.append(part)
+            size += len(part)
+            if size >= _WRITE_BATCH:
+                await self._write(b"".join(pending), timeout)
+                pending, size = [], 0
+        if chunked:
+            pending.append(b"0\r\n\r\n")
+        await self._write(b"".join(pending), timeout)
+
+    async def _write(self, data: bytes, timeout: float | None) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            raise httpcore.WriteError("the connection is closed")
+        transport.write(data)  # one send for the whole request when it fits the socket buffer
+        if self._reader.drained is not None:
+            await _wait(self._reader.drained, timeout, httpcore.WriteTimeout)
+
+    async def _head(self, timeout: float | None) -> None:
+        reader = self._reader
+        while not reader.head_done:
+            if reader.failure is not None:
+                raise reader.failure
+            await self.wait(timeout)
+
+    async def wait(self, timeout: float | None) -> None:
+        """Until the reader has news (bytes, the end, a failure); ``ReadTimeout`` after ``timeout``."""
+        reader = self._reader
+        reader.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await _wait(reader.waiter, timeout, httpcore.ReadTimeout)
+        finally:
+            reader.waiter = None
+
+    def take(self) -> bytes:
+        """The oldest body piece llhttp handed over; reading resumes below the high water.
+
+        Pieces are not joined: a reader sees the body cut as h11 would cut it (one piece per
+        chunk of a chunked body), so a decoder that fails on a piece has delivered the ones before.
+        """
+        reader = self._reader
+        data = reader.body.popleft()
+        reader.size -= len(data)
+        transport = self._transport
+        if reader.size <= HIGH_WATER and transport is not None and not transport.is_reading() \
+                and not transport.is_closing():
+            transport.resume_reading()
+        return data
+
+    async def response_closed(self) -> None:
+        if self._state == _State.ACTIVE and self._reader.reusable():
+            self._state = _State.IDLE
+            if self._keepalive_expiry is not None:
+                self._expire_at = time.monotonic() + self._keepalive_expiry
+        else:
+            await self.aclose()
+
+
+class H1Body:
+    """The response body as httpcore's pool iterates it; closing gives the connection back."""
+
+    def __init__(self, connection: H1Connection, timeout: float | None) -> None:
+        self._connection = connection
+        self._timeout = timeout
+        self._closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        connection, reader = self._connection, self._connection._reader
+        try:
+            while True:
+                if reader.body:
+                    yield connection.take()
+                elif reader.done:
+                    break
+                elif reader.failure is not None:
+                    raise reader.failure
+                else:
+                    await connection.wait(self._timeout)
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._connection.response_closed()
+
+
+class FastPool(httpcore.AsyncConnectionPool):
+    """httpcore's pool, its connections ``H1Connection`` (see the module docstring)."""
+
+    def create_connection(self, origin: httpcore.Origin) -> httpcore.AsyncConnectionInterface:
+        return H1Connection(origin, self._ssl_context, self._keepalive_expiry, self._socket_options)
+
+
+__all__ = ["HIGH_WATER", "FastPool", "H1Body", "H1Connection", "request_head"]
