@@ -42,18 +42,18 @@ class ToolRound:
         return [await self.run_one(call) for call in calls]
 
     async def run_one(self, call: ToolCall) -> ChatMessage:
-        tool = self.rt.toolbox.find(call.name)
-        server = tool.server if tool is not None else None
+        tool = self.rt.toolbox.resolve(call.name, self.offered)
+        server = {"server": tool.server} if tool is not None else {}
         self.emit("tool_call", turn_id=self.turn_id, id=call.id, name=call.name, args=call.arguments,
-                  server=server)
+                  **server)
         output = await self.rt.toolbox.run(call.name, call.arguments, self.offered)
         return self.record(call, server, output)
 
-    def record(self, call: ToolCall, server: str | None, output: ToolOutput) -> ChatMessage:
+    def record(self, call: ToolCall, server: dict[str, str], output: ToolOutput) -> ChatMessage:
         text = cap_tool_result(output.text, self.rt.options.max_tool_result_chars)
         message = ChatMessage("tool", text, tool_call_id=call.id, name=call.name,
                               images=list(output.images) or None, turn_id=self.turn_id)
         self.emit("tool_result", turn_id=self.turn_id, id=call.id, name=call.name, output=text,
-                  server=server, is_error=output.is_error, tokens=message.text_tokens,
-                  truncated_chars=cut_chars(text, output.text))
+                  is_error=output.is_error, tokens=message.text_tokens,
+                  truncated_chars=cut_chars(text, output.text), **server)
         return message

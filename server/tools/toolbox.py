@@ -69,6 +69,10 @@ class Toolbox:
                     return tool
         return None
 
+    def resolve(self, name: str, offered: Sequence[ToolSpec]) -> McpTool | None:
+        """The tool a call names, when it is among those ``offered`` (a model may name any)."""
+        return self.find(name) if any(spec.name == name for spec in offered) else None
+
     def unavailable(self, profile: ProviderProfile) -> list[str]:
         """Servers ``profile`` would be offered that are not ready now (for the page's notice)."""
         if profile.tools is False:
@@ -79,7 +83,7 @@ class Toolbox:
 
     async def run(self, name: str, arguments: dict[str, Any], offered: Sequence[ToolSpec]) -> ToolOutput:
         """Run the call ``name`` (a model-facing name among ``offered``) with ``arguments``."""
-        tool = self.find(name) if any(spec.name == name for spec in offered) else None
+        tool = self.resolve(name, offered)
         if tool is None:
             known = ", ".join(spec.name for spec in offered) or "none"
             return tool_error(f"unknown tool {name!r}; the tools offered are: {known}")
