@@ -35,7 +35,7 @@ SERVER_FRAMES: dict[str, tuple[str, ...]] = {
     "context": ("provider", "model", "route_kind", "estimated_tokens", "tokens_source",
                 "context_token_budget", "model_context_window?", "window_source?", "trim_preview?",
                 "reason", "system_tokens?", "tool_schema_tokens?", "history_tokens?", "trimmed_tokens?",
-                "image_tokens?", "reply_reserve?", "calibration_ratio?"),
+                "image_tokens?", "reply_reserve?", "calibration_ratio?", "tool_servers?"),
     "route": ("provider", "model", "route_kind", "hint?", "turn_id?"),
     "chunk": ("turn_id", "content"),
     "thinking": ("turn_id", "content"),
@@ -73,6 +73,10 @@ SERVER_FRAMES["route"] += ("created_at?",)  # when the call began: the reply's t
 SERVER_FRAMES["turns_set_aside"] = ("turn_ids", "reason")
 EDIT_PREVIEW = "edit_preview"  # a context frame answering preview_edit, for the asking client only
 ENUMS[("context", "reason")] = (*CONTEXT_REASONS, EDIT_PREVIEW)
+# MCP tools (issue 18): which server a call went to, what its result cost, what was cut.
+SERVER_FRAMES["tool_call"] += ("server?",)
+SERVER_FRAMES["tool_result"] += ("server?", "is_error?", "tokens?", "truncated_chars?")
+ENUMS[("notice", "code")] = (*NOTICE_CODES, "tools_unavailable")
 
 
 @dataclass(frozen=True)

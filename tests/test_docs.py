@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 
 from server.config.load import env_name
-from server.config.settings import PROVIDER_SCHEMA, ROUTE_SCHEMA, RULE_SCHEMA, SCHEMA
+from server.config.settings import MCP_SERVER_SCHEMA, PROVIDER_SCHEMA, ROUTE_SCHEMA, RULE_SCHEMA, SCHEMA
 from server.protocol import CLIENT_FRAMES, SERVER_FRAMES, field_names
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -57,6 +57,7 @@ def test_docs_configuration_lists_every_setting():
     expected["providers.ALIAS"] = {s.name for s in PROVIDER_SCHEMA}
     expected["model_routes"] = {s.name for s in ROUTE_SCHEMA}
     expected["classifier.rules"] = {s.name for s in RULE_SCHEMA}
+    expected["mcp_servers.NAME"] = {s.name for s in MCP_SERVER_SCHEMA}
     assert tables == expected
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from server.history.messages import BREADCRUMB_TEXT
 from tests.fakes import Call, FakeAnthropic, FakeOllama, FakeOpenAI, Reply
+from tests.mcp_support import faulty_server
 from tests.support import client, of_type, serve, settings_for, text_of
 
 pytestmark = pytest.mark.anyio
@@ -169,9 +170,10 @@ async def test_capacity_check_refuses_before_sending(tmp_path, fake_openai, runt
 
 
 async def test_tool_cap_ends_with_a_final_call_without_tools(tmp_path, fake_openai):
-    fake_openai.default = lambda body: Reply(tool_calls=[Call("lookup_document", {"title": "paper moon"})])
-    with serve(settings(tmp_path, "openai", fake_openai, {"max_tool_iterations": 2,
-                                                          "max_tool_result_chars": 500})) as address:
+    fake_openai.default = lambda body: Reply(tool_calls=[Call("f__flood", {"size": 5000})])
+    data = {"providers": {"openai": profile("openai", fake_openai)}, "mcp_servers": {"f": faulty_server()},
+            "runtime": {"max_tool_iterations": 2, "max_tool_result_chars": 500}}
+    with serve(settings_for(tmp_path, data)) as address:
         async with client(address) as c:
             await c.hello()
             frames = await c.say("loop forever")

@@ -7,10 +7,11 @@ a ``ConfigError`` naming the key, so start-up says which line of the file to fix
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from server.config.settings import ProviderProfile, Setting
+from server.config.settings import McpServerSettings, ProviderProfile, Setting
 from server.errors import ConfigError
 
 PROVIDER_KINDS = ("openai", "anthropic", "ollama", "demo")
@@ -24,6 +25,10 @@ POSITIVE_SERVER_SETTINGS = ("max_outbox_bytes", "max_connections", "hello_timeou
 POSITIVE_PROVIDER_SETTINGS = ("idle_timeout_seconds", "max_line_bytes", "max_connections",
                               "pool_timeout_seconds")
 POSITIVE_LIVE_SETTINGS = ("lease_ttl_ms", "stream_max_frames", "coalesce_bytes")
+POSITIVE_MCP_SETTINGS = ("start_timeout_seconds", "call_timeout_seconds", "max_tools", "max_schema_bytes",
+                         "max_result_bytes")
+APPROVALS = ("never", "always")
+MCP_SERVER_NAME = re.compile(r"[A-Za-z0-9_-]{1,32}\Z")
 
 
 def check_type(key: str, value: Any, setting: Setting) -> Any:
@@ -79,3 +84,39 @@ def check_route(route: str, providers: Mapping[str, ProviderProfile], key: str) 
     if alias not in providers:
         raise ConfigError(f"{key}: names provider {alias!r}, which is not configured "
                           f"(have: {', '.join(sorted(providers))})")
+
+
+def check_mcp_server(prefix: str, name: str, values: Mapping[str, Any]) -> None:
+    """One transport (``command`` or ``url``), known approvals, positive bounds, string maps."""
+    if not MCP_SERVER_NAME.match(name):
+        raise ConfigError(f"{prefix}: a server name is 1 to 32 letters, digits, _ or - (it prefixes "
+                          f"the tool names the model sees)")
+    if bool(values["command"]) == bool(values["url"]):
+        raise ConfigError(f"{prefix}: set exactly one of command (stdio) or url (Streamable HTTP)")
+    if values["url"] and not values["url"].startswith(("http://", "https://")):
+        raise ConfigError(f"{prefix}.url: expected an http:// or https:// URL, got {values['url']!r}")
+    check_positive(prefix, values, POSITIVE_MCP_SETTINGS)
+    for key in ("args",):
+        if not all(isinstance(item, str) for item in values[key]):
+            raise ConfigError(f"{prefix}.{key}: expected a list of strings")
+    for key in ("env", "headers_env", "approve_tools"):
+        for item, value in values[key].items():
+            check_type(f"{prefix}.{key}.{item}", value, Setting(item, str, "", ""))
+    for key, value in [("approve", values["approve"]),
+                       *((f"approve_tools.{t}", v) for t, v in values["approve_tools"].items())]:
+        if value not in APPROVALS:
+            raise ConfigError(f"{prefix}.{key}: expected one of {', '.join(APPROVALS)}, got {value!r}")
+
+
+def check_tool_selection(key: str, tools: bool | list[str],
+                         servers: Mapping[str, McpServerSettings]) -> None:
+    """A list names configured servers (``name``) or their tools (``name/tool``)."""
+    if isinstance(tools, bool):
+        return
+    for item in tools:
+        if not isinstance(item, str):
+            raise ConfigError(f"{key}: expected true, false or a list of strings, got {item!r}")
+        server = item.split("/", 1)[0]
+        if server not in servers:
+            known = ", ".join(servers) or "none configured"
+            raise ConfigError(f"{key}: {item!r} names no [mcp_servers] server (configured: {known})")

@@ -21,13 +21,16 @@ from server.config.checks import (
     POSITIVE_SERVER_SETTINGS,
     check_compaction,
     check_live,
+    check_mcp_server,
     check_positive,
     check_provider,
     check_route,
+    check_tool_selection,
     check_type,
 )
 from server.config.demo import providers_or_demo, routes_or_demo
 from server.config.settings import (
+    MCP_SERVER_SCHEMA,
     PROVIDER_SCHEMA,
     ROUTE_SCHEMA,
     RULE_SCHEMA,
@@ -36,6 +39,7 @@ from server.config.settings import (
     CompactionSettings,
     HistoryPruning,
     LiveSettings,
+    McpServerSettings,
     ModelRoute,
     ProviderProfile,
     RuntimeSettings,
@@ -47,7 +51,7 @@ from server.config.settings import (
 from server.errors import ConfigError
 
 TOP_LEVEL_KEYS = {"server", "store", "live", "runtime", "providers", "default_route", "model_routes",
-                  "classifier"}
+                  "classifier", "mcp_servers"}
 
 
 def load_settings(path: str | os.PathLike[str] | None = None,
@@ -74,8 +78,11 @@ def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None
     default_route = _read_default_route(data, env, providers)
     routes = _read_routes(data, providers)
     rules = [ClassifierRule(**row) for row in _read_list(classifier, "rules", RULE_SCHEMA, "classifier.")]
+    mcp_servers = _read_mcp_servers(data)
+    for alias, profile in providers.items():
+        check_tool_selection(f"providers.{alias}.tools", profile.tools, mcp_servers)
     return Settings(server, runtime, providers, default_route, routes, rules, source,
-                    StoreSettings(**_read_section(data, "store", env)), _read_live(data, env))
+                    StoreSettings(**_read_section(data, "store", env)), _read_live(data, env), mcp_servers)
 
 
 def _top_level(data: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -117,6 +124,18 @@ def _read_providers(data: Mapping[str, Any]) -> dict[str, ProviderProfile]:
         check_provider(prefix, values)
         providers[alias] = ProviderProfile(alias=alias, **values)
     return providers_or_demo(providers)
+
+
+def _read_mcp_servers(data: Mapping[str, Any]) -> dict[str, McpServerSettings]:
+    servers: dict[str, McpServerSettings] = {}
+    for name, table in _section(data, "mcp_servers").items():
+        prefix = f"mcp_servers.{name}"
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{prefix}: expected a table")
+        values = _read_table(prefix, table, MCP_SERVER_SCHEMA)
+        check_mcp_server(prefix, name, values)
+        servers[name] = McpServerSettings(name=name, **values)
+    return servers
 
 
 def _read_default_route(data: Mapping[str, Any], env: Mapping[str, str],

@@ -145,12 +145,46 @@ class ProviderProfile:
         1.0, "Wait this long for a free connection, then answer `overloaded`.")
     keepalive_expiry_seconds: float = setting(20.0, "Close a connection idle this long.")
     delay_ms: int = setting(25, "demo only: pause between streamed pieces.")
-    tools: bool = setting(True, "Offer the built-in tools to this provider's models.")
+    tools: bool | list[str] = setting(
+        True, "true = every [mcp_servers] server (a demo provider also gets the built-in lookup); "
+        "false = none; or a list of server names and \"server/tool\" names.")
     num_ctx: int = setting(0, "ollama only: options.num_ctx sent with each call; 0 = server default.")
 
     @property
     def api_key(self) -> str:
         return os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+
+
+@dataclass(frozen=True)
+class McpServerSettings:
+    name: str  # the table's name, not a setting
+    command: str = setting("", "stdio: the program to start (found on PATH); set command or url.")
+    args: list[str] = setting([], "stdio: its arguments.")
+    env: dict[str, str] = setting({}, "stdio: extra environment variables for the program.")
+    cwd: str = setting("", "stdio: its working folder; empty = the server's.")
+    url: str = setting("", "Streamable HTTP: the endpoint, e.g. http://127.0.0.1:3001/mcp.")
+    headers_env: dict[str, str] = setting(
+        {}, "Streamable HTTP: header name -> environment variable holding its value (secrets stay "
+        "out of the file).")
+    enabled: bool = setting(True, "false = not started, not offered.")
+    start_timeout_seconds: float = setting(
+        30.0, "Time to start (or reach) the server and list its tools; then it is retried with backoff.")
+    call_timeout_seconds: float = setting(60.0, "A tool call answering later is an error to the model.")
+    approve: str = setting("never", "never | always: ask the page before each call of this server's tools.")
+    approve_tools: dict[str, str] = setting({}, "Tool name -> never | always, over `approve`.")
+    max_tools: int = setting(128, "Tools offered from this server at most (the rest are left out, logged).")
+    max_schema_bytes: int = setting(
+        65536, "Bytes of tool schemas (name, description, input schema) offered from this server at most.")
+    max_result_bytes: int = setting(
+        4 * 1024 * 1024, "Largest message read from the server; a bigger result is dropped while read "
+        "and answered as an error.")
+
+    @property
+    def transport(self) -> str:
+        return "http" if self.url else "stdio"
+
+    def approval(self, tool: str) -> str:
+        return self.approve_tools.get(tool, self.approve)
 
 
 @dataclass(frozen=True)
@@ -181,13 +215,15 @@ class Settings:
     source: str = "embedded default"
     store: StoreSettings = field(default_factory=StoreSettings)
     live: LiveSettings = field(default_factory=LiveSettings)
+    mcp_servers: dict[str, McpServerSettings] = field(default_factory=dict)
 
 
-def _setting_type(hint: Any) -> type:
-    """The type a TOML value must have: ``int | None`` reads as int, ``list[str]`` as list."""
+def _setting_type(hint: Any) -> type | tuple[type, ...]:
+    """The type a TOML value must have: ``int | None`` reads as int, ``list[str]`` as list,
+    ``bool | list[str]`` as either."""
     options = get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
-    kind = next(option for option in options if option is not type(None))
-    return get_origin(kind) or kind
+    kinds = tuple(get_origin(option) or option for option in options if option is not type(None))
+    return kinds[0] if len(kinds) == 1 else kinds
 
 
 def schema_of(cls: type) -> tuple[Setting, ...]:
@@ -215,5 +251,6 @@ SCHEMA: dict[str, tuple[Setting, ...]] = {
     "runtime.compaction": schema_of(CompactionSettings),
 }
 PROVIDER_SCHEMA = schema_of(ProviderProfile)
+MCP_SERVER_SCHEMA = schema_of(McpServerSettings)
 ROUTE_SCHEMA = schema_of(ModelRoute)
 RULE_SCHEMA = schema_of(ClassifierRule)

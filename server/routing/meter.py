@@ -30,7 +30,7 @@ from server.history.ledger import HistoryLedger
 from server.protocol import server_frame
 from server.providers.base import ToolSpec
 from server.routing.resolver import Capacity, Route, RouteResolver
-from server.tools.demo import tool_specs
+from server.tools.toolbox import Toolbox
 
 
 def tool_schema_tokens(tools: Sequence[ToolSpec]) -> int:
@@ -38,6 +38,15 @@ def tool_schema_tokens(tools: Sequence[ToolSpec]) -> int:
         return 0
     size = len(json.dumps([[t.name, t.description, t.parameters] for t in tools]).encode("utf-8"))
     return -(-size // 4)
+
+
+def tokens_by_server(toolbox: Toolbox, tools: Sequence[ToolSpec]) -> tuple[tuple[str, int], ...]:
+    """The schema tokens of ``tools`` per server that offers them (the meter's tools segment split)."""
+    specs: dict[str, list[ToolSpec]] = {}
+    for spec in tools:
+        tool = toolbox.find(spec.name)
+        specs.setdefault(tool.server if tool is not None else "other", []).append(spec)
+    return tuple((server, tool_schema_tokens(group)) for server, group in specs.items())
 
 
 MIN_MARGINAL_RAW = 32  # a smaller step between two counts says too little about the ratio
@@ -78,6 +87,7 @@ class Reading:
     ratio: float = 1.0
     anchor: Anchor | None = None
     reserve: int = 0
+    tool_servers: tuple[tuple[str, int], ...] = ()  # ``tools`` per server offering them
 
     @property
     def step_ratio(self) -> float:
@@ -134,14 +144,16 @@ class Reading:
 
 class Meter:
     def __init__(self, resolver: RouteResolver, providers: Mapping[str, ProviderProfile],
-                 reserve: int = 0) -> None:
+                 reserve: int = 0, toolbox: Toolbox | None = None) -> None:
         self.resolver = resolver
         self._providers = providers
         self.reserve = max(0, reserve)
+        self.toolbox = toolbox or Toolbox({}, 0)
 
     def tools(self, route: Route, final: bool = False) -> list[ToolSpec]:
-        """The tools offered on ``route``'s calls: none on the final call after the tool cap."""
-        return [] if final or not self._providers[route.provider].tools else tool_specs()
+        """The tools offered on ``route``'s calls (the provider's ``tools`` selection of the servers
+        ready now): none on the final call after the tool cap."""
+        return [] if final else self.toolbox.specs(self._providers[route.provider])
 
     async def read(self, route: Route, estimate: int, tools: Sequence[ToolSpec],
                    anchor: Anchor | None = None) -> Reading:
@@ -149,7 +161,8 @@ class Meter:
         capacity = await self.resolver.capacity(route)
         schemas = tool_schema_tokens(tools)
         return Reading(route, capacity, self.resolver.budget(capacity), estimate + schemas, schemas,
-                       self.resolver.calibration.ratio(route), anchor, self.reserve)
+                       self.resolver.calibration.ratio(route), anchor, self.reserve,
+                       tokens_by_server(self.toolbox, tools))
 
     def frame(self, reading: Reading, ledger: HistoryLedger, reason: str, reported: int | None = None,
               trimmed: int = 0) -> dict[str, Any]:
@@ -191,4 +204,5 @@ def breakdown(reading: Reading, ledger: HistoryLedger, trimmed: int) -> dict[str
     return {"system_tokens": scaled(system), "tool_schema_tokens": scaled(reading.tools),
             "history_tokens": scaled(ledger.estimate - system - images), "image_tokens": scaled(images),
             "trimmed_tokens": scaled(trimmed), "reply_reserve": reading.reserve,
-            "calibration_ratio": round(reading.ratio, 3)}
+            "calibration_ratio": round(reading.ratio, 3),
+            "tool_servers": {server: scaled(tokens) for server, tokens in reading.tool_servers}}

@@ -19,6 +19,7 @@ from server.sessions.events import EventBus
 from server.sessions.flusher import Flusher
 from server.sessions.metrics import Metrics
 from server.store.base import Store
+from server.tools.toolbox import Toolbox
 
 
 @dataclass
@@ -30,11 +31,13 @@ class Runtime:
     bus: EventBus
     task_group: TaskGroup
     metrics: Metrics = field(default_factory=Metrics)
+    toolbox: Toolbox = field(default_factory=lambda: Toolbox({}, 0))
     meter: Meter = field(init=False)
     flusher: Flusher = field(init=False)
 
     def __post_init__(self) -> None:
-        self.meter = Meter(self.resolver, self.settings.providers, self.options.reply_reserve_tokens)
+        self.meter = Meter(self.resolver, self.settings.providers, self.options.reply_reserve_tokens,
+                           self.toolbox)
         self.resolver.remember_windows(self.store)
         self.flusher = Flusher(self.store, self.task_group)
 

@@ -29,7 +29,7 @@ from server.errors import (
     error_frame,
 )
 from server.history.messages import ChatMessage, ToolCall, estimate_history_tokens
-from server.history.trim import REASON_OVERFLOW, TrimReport, cap_tool_result, recovery_budget, sweep_orphans
+from server.history.trim import REASON_OVERFLOW, TrimReport, recovery_budget, sweep_orphans
 from server.protocol import server_frame
 from server.providers.base import (
     Finish,
@@ -48,8 +48,8 @@ from server.sessions.compaction_runner import Compaction, NoCompaction
 from server.sessions.reply import ReplyWriter, Step
 from server.sessions.runtime import Runtime
 from server.sessions.session import Session, utc_now
+from server.sessions.tool_calls import ToolRound
 from server.store.base import CallRecord
-from server.tools.demo import run_tool
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,14 @@ class Turn:
 
     # --- the loop -----------------------------------------------------------------------------
 
+    def tell_tools_unavailable(self) -> None:
+        """Configured MCP servers this route would offer that are down: the user learns why."""
+        missing = self.rt.toolbox.unavailable(self.rt.settings.providers[self.route.provider])
+        if missing:
+            self.emit("notice", code="tools_unavailable", turn_id=self.turn_id, message=(
+                f"The tools of {', '.join(missing)} are unavailable (the MCP server is not running); "
+                f"this turn goes on without them."))
+
     def tell_unknown_hint(self) -> None:
         """A hint no route has: the turn stays on the session's pair, and the user is told which exist."""
         if self.route.kind != "fallback":
@@ -172,6 +180,7 @@ class Turn:
 
     async def attempt(self) -> None:
         self.tell_unknown_hint()
+        self.tell_tools_unavailable()
         try:
             await self.loop()
         except CapacityExceeded as exc:
@@ -341,14 +350,7 @@ class Turn:
 
     async def run_tools(self, calls: list[ToolCall]) -> None:
         await self.finish_reply(interrupted=False, tool_calls=calls)  # a reply asking for tools is complete
-        results = []
-        for call in calls:
-            self.emit("tool_call", turn_id=self.turn_id, id=call.id, name=call.name, args=call.arguments)
-            output = cap_tool_result(await run_tool(call.name, call.arguments),
-                                     self.options.max_tool_result_chars)
-            self.emit("tool_result", turn_id=self.turn_id, id=call.id, name=call.name, output=output)
-            results.append(ChatMessage("tool", output, tool_call_id=call.id, name=call.name,
-                                       turn_id=self.turn_id))
+        results = await ToolRound(self.rt, self.turn_id, self.emit, self.tools()).run(calls)
         self.session.add(*results)
         await self.rt.store.append_messages(self.session.id, results)
 

@@ -46,6 +46,7 @@ from server.sessions.instances import SoleInstance
 from server.sessions.metrics import Metrics, PrometheusMetrics
 from server.sessions.runtime import Runtime
 from server.store.backends import open_store
+from server.tools.toolbox import Toolbox
 from server.web.access import AccessGuard, redact_tokens_in_logs
 from server.web.api import EXCEPTION_HANDLERS, ApiState, OnChange, api_routes, error_body
 from server.web.connection import Connection
@@ -130,8 +131,10 @@ def create_app(settings: Settings | None = None) -> Starlette:
         live = RedisLive(settings.live, EventBus()) if settings.live.url else None
         try:
             async with anyio.create_task_group() as tasks:
+                toolbox = Toolbox(settings.mcp_servers, settings.runtime.max_image_bytes)
+                await toolbox.start(tasks)
                 rt = Runtime(settings, store, providers, RouteResolver(settings, providers),
-                             live.bus if live else EventBus(), tasks, metrics)
+                             live.bus if live else EventBus(), tasks, metrics, toolbox)
                 if live is not None:
                     await live.start(tasks, rt.resolver)
                 hub = SessionHub(rt, LiveInstances(live) if live else SoleInstance(rt.bus))

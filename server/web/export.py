@@ -178,7 +178,7 @@ LINE_FIELDS: dict[str, tuple[type, ...]] = {
     **dict.fromkeys(_STR_FIELDS, _STR), **dict.fromkeys(_INT_FIELDS, _INT),
     "retry_after": _NUMBER, "calibration_ratio": _NUMBER, "retryable": (bool,),
     "message_ids": (list,), "turn_ids": (list,), "after_message_id": _OPT_STR,
-    "route": (dict,), "trim_preview": (dict,),
+    "route": (dict,), "trim_preview": (dict,), "tool_servers": (dict,),
 }
 _ROUTE_FIELDS: Fields = {"provider": (_STR, True), "model": (_STR, True), "route_kind": (_STR, True),
                          "hint": (_OPT_STR, False), "turn_id": (_OPT_STR, False), "created_at": (_STR, False)}

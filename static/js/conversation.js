@@ -301,8 +301,8 @@ function toolCallNode(call, openTools) {
   const node = el(
     "details",
     { class: "tool", open: openTools.has(call.id), dataset: { toolCallId: call.id, state: call.state } },
-    el("summary", {}, "Tool ", el("code", { text: call.name })),
-    el("pre", { class: "tool-args", text: args }),
+    el("summary", {}, ...toolSummary(call)),
+    el("pre", { class: "tool-args", "data-testid": "tool-args", text: args }),
   );
   if (call.output !== undefined) node.append(toolOutput(call.output));
   node.addEventListener("toggle", () => (node.open ? openTools.add(call.id) : openTools.delete(call.id)));
@@ -319,9 +319,25 @@ function storedImage(url) {
   return img;
 }
 
+// The collapsed line of a call: its tool and server, then a spinner while it runs, or what its
+// result costs in tokens (and what the cap cut) once it is back.
+function toolSummary(call) {
+  const parts = ["Tool ", el("code", { text: call.name })];
+  if (call.server) parts.push(el("span", { class: "tool-server", "data-testid": "tool-server", text: ` on ${call.server}` }));
+  if (call.state === "running") {
+    parts.push(el("span", { class: "spinner", role: "status", "aria-label": "running", "data-testid": "tool-spinner" }));
+    return parts;
+  }
+  let size = typeof call.tokens === "number" ? ` · ${fmt(call.tokens)} tokens` : "";
+  if (call.cut) size += ` · ${fmt(call.cut)} characters cut`;
+  if (call.state === "error") size += " · error";
+  if (size) parts.push(el("span", { class: "tool-size", "data-testid": "tool-size", text: size }));
+  return parts;
+}
+
 function toolOutput(output) {
   const text = typeof output === "string" ? output : JSON.stringify(output, null, 2);
-  return el("pre", { class: "tool-output", text });
+  return el("pre", { class: "tool-output", "data-testid": "tool-output", text });
 }
 
 function setData(dataset, name, value) {

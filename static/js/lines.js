@@ -42,3 +42,10 @@ export function routeFields(r) {
 export function routeWhy(r) {
   return `${r.route_kind}${r.hint ? `, hint "${r.hint}"` : ""}`;
 }
+
+// What a tool result adds to the history, as the server estimates it (UTF-8 bytes / 4, plus 4): the
+// live frame says it; a reloaded result is measured the same way here.
+export function resultTokens(output) {
+  const text = typeof output === "string" ? output : JSON.stringify(output ?? "");
+  return Math.ceil(new TextEncoder().encode(text).length / 4) + 4;
+}

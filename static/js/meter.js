@@ -180,11 +180,17 @@ function breakdownRows(f) {
   if (f.context_token_budget > 0) rows.push(["marker", "Budget marker", "where meterchat starts dropping the oldest turns"]);
   if (f.window_source) rows.push(["window-source", "Window from", windowSource(f.window_source)]);
   // Fields a later server may send: shown when present, never guessed.
-  for (const [key, label] of OPTIONAL_PARTS) if (typeof f[key] === "number") rows.push([key.replace(/_/g, "-"), label, `${fmt(f[key])} tokens`]);
+  for (const [key, label] of OPTIONAL_PARTS) if (typeof f[key] === "number") rows.push([key.replace(/_/g, "-"), label, `${fmt(f[key])} tokens${key === "tool_schema_tokens" ? byServer(f.tool_servers) : ""}`]);
   if (typeof f.calibration_ratio === "number") rows.push(["calibration", "Calibration", `× ${f.calibration_ratio.toFixed(2)} of the estimate`]);
   if (f.trim_preview) rows.push(["trim-preview", "Next send trims", `${fmt(f.trim_preview.turns)} turns, ~${fmt(f.trim_preview.tokens)} tokens`]);
   rows.push(["reason", "Updated", REASONS[f.reason] || f.reason]);
   return rows;
+}
+
+// Which servers the tool schemas come from: "(time 180, built-in 95)".
+function byServer(servers) {
+  const parts = Object.entries(servers || {}).map(([name, tokens]) => `${name} ${fmt(tokens)}`);
+  return parts.length ? ` (${parts.join(", ")})` : "";
 }
 
 const OPTIONAL_PARTS = [

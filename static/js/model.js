@@ -5,7 +5,7 @@
 // is a plain object: {key, kind, role, text, state, turnId, messageId, clientId, time, ...}; `kind`
 // is user, assistant, tool, system, breadcrumb, summary, command, notice, trim or error.
 
-import { commandItem, errorItem, footText, item, noticeItem, routeWhy, stoppedEarlyItem, switchedItem } from "./lines.js";
+import { commandItem, errorItem, footText, item, noticeItem, resultTokens, routeWhy, stoppedEarlyItem, switchedItem } from "./lines.js";
 import { placeLines, placeTrims, settleTools, storedItems } from "./restore.js";
 
 export class Transcript {
@@ -164,14 +164,16 @@ export class Transcript {
 
   toolCall(f) {
     const entry = this.reply(f.turn_id);
-    this.update(entry, { tools: [...entry.tools, { id: f.id, name: f.name, args: f.args, state: "running" }] });
+    const call = { id: f.id, name: f.name, args: f.args, server: f.server || null, state: "running" };
+    this.update(entry, { tools: [...entry.tools, call] });
   }
 
   toolResult(f) {
     const entry = this.reply(f.turn_id);
     const call = entry.tools.find((t) => t.id === f.id);
     if (!call) return this.add(item("tool", { role: "tool", name: f.name, output: f.output, turnId: f.turn_id }));
-    Object.assign(call, { output: f.output, state: "done" });
+    const tokens = typeof f.tokens === "number" ? f.tokens : resultTokens(f.output);
+    Object.assign(call, { output: f.output, state: f.is_error ? "error" : "done", tokens, cut: f.truncated_chars || 0 });
     this.update(entry, {});
   }
 
@@ -320,3 +322,4 @@ export class Transcript {
 function stopped(tools) {
   return tools.map((t) => (t.state === "running" ? { ...t, state: "stopped" } : t));
 }
+

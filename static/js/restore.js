@@ -4,7 +4,7 @@
 // switch, a command) after the message they followed. `t` is the Transcript (its replies, holders,
 // trims and retryFor).
 
-import { commandItem, errorItem, footText, item, noticeItem, routeFields, stoppedEarlyItem, switchedItem } from "./lines.js";
+import { commandItem, errorItem, footText, item, noticeItem, resultTokens, routeFields, stoppedEarlyItem, switchedItem } from "./lines.js";
 
 // Items for stored messages, each message's holder noted (where a line that followed it goes).
 export function storedItems(t, messages, inFlight) {
@@ -79,14 +79,15 @@ function storedResult(t, m, base) {
   const reply = t.replies.get(m.turn_id);
   const call = reply && reply.tools.find((c) => c.id === m.tool_call_id);
   if (!call) return [item("tool", { ...base, role: "tool", name: m.name, output: m.content })];
-  Object.assign(call, { output: m.content, state: "done" });
+  const error = typeof m.content === "string" && m.content.startsWith("error: ");
+  Object.assign(call, { output: m.content, state: error ? "error" : "done", tokens: resultTokens(m.content), cut: cutChars(m.content) });
   return [];
 }
 
 // The live page grows one reply element per turn (tool calls, then the final text); the history
 // has one message per provider call: they join again here.
 function storedReply(t, m, base, inFlight) {
-  const calls = (m.tool_calls || []).map((c) => ({ id: c.id, name: c.name, args: c.args, state: "running" }));
+  const calls = (m.tool_calls || []).map((c) => ({ id: c.id, name: c.name, args: c.args, server: serverOf(c.name), state: "running" }));
   // A turn still running shows as streaming (its frames follow), not as "stopped".
   const state = m.streaming || (inFlight && m.turn_id === inFlight) ? "streaming" : m.interrupted ? "stopped" : "done";
   const fields = { state, foot: m.usage ? footText(m.usage) : state === "stopped" ? "stopped" : "" };
@@ -156,4 +157,15 @@ export function lineIndex(items, holders, n, complete) {
   const time = n.created_at ? Date.parse(n.created_at) : Infinity;
   while (index < items.length && LINES.has(items[index].kind) && !(items[index].time > time)) index++;
   return index;
+}
+
+// A reloaded call names its server the way the model saw it (SERVER__TOOL); the demo's lookup has none.
+function serverOf(name) {
+  const at = typeof name === "string" ? name.indexOf("__") : -1;
+  return at > 0 ? name.slice(0, at) : name === "lookup_document" ? "built-in" : null;
+}
+
+function cutChars(text) {
+  const found = typeof text === "string" ? text.match(/\[\.\.\. (\d+) characters truncated \.\.\.\]/) : null;
+  return found ? Number(found[1]) : 0;
 }
