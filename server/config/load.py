@@ -1,6 +1,6 @@
 """Loading the settings: a TOML file and the environment, read once into ``config.Settings``.
 
-Every scalar setting of ``[server]``, ``[store]``, ``[live]``, ``[runtime]``,
+Every scalar setting of ``[server]``, ``[store]``, ``[live]``, ``[auth]``, ``[runtime]``,
 ``[runtime.history_pruning]`` and ``[runtime.compaction]`` can be overridden by
 ``METERCHAT_<SECTION>_<KEY>`` (dots in the section become underscores, e.g.
 ``METERCHAT_RUNTIME_HISTORY_PRUNING_ENABLED``); ``METERCHAT_DATA_DIR`` and
@@ -19,6 +19,7 @@ from typing import Any
 
 from server.config.checks import (
     POSITIVE_SERVER_SETTINGS,
+    check_auth,
     check_compaction,
     check_live,
     check_positive,
@@ -32,6 +33,7 @@ from server.config.settings import (
     ROUTE_SCHEMA,
     RULE_SCHEMA,
     SCHEMA,
+    AuthSettings,
     ClassifierRule,
     CompactionSettings,
     HistoryPruning,
@@ -46,7 +48,7 @@ from server.config.settings import (
 )
 from server.errors import ConfigError
 
-TOP_LEVEL_KEYS = {"server", "store", "live", "runtime", "providers", "default_route", "model_routes",
+TOP_LEVEL_KEYS = {"server", "store", "live", "auth", "runtime", "providers", "default_route", "model_routes",
                   "classifier"}
 
 
@@ -75,7 +77,8 @@ def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None
     routes = _read_routes(data, providers)
     rules = [ClassifierRule(**row) for row in _read_list(classifier, "rules", RULE_SCHEMA, "classifier.")]
     return Settings(server, runtime, providers, default_route, routes, rules, source,
-                    StoreSettings(**_read_section(data, "store", env)), _read_live(data, env))
+                    StoreSettings(**_read_section(data, "store", env)), _read_live(data, env),
+                    _read_auth(data, env, server.auth_token))
 
 
 def _top_level(data: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -140,6 +143,12 @@ def _read_live(data: Mapping[str, Any], env: Mapping[str, str]) -> LiveSettings:
     live = _read_section(data, "live", env)
     check_live(live)
     return LiveSettings(**live)
+
+
+def _read_auth(data: Mapping[str, Any], env: Mapping[str, str], auth_token: str) -> AuthSettings:
+    auth = _read_section(data, "auth", env)
+    check_auth(auth, auth_token)
+    return AuthSettings(**auth)
 
 
 # --- tables ---------------------------------------------------------------------------------------

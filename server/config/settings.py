@@ -83,6 +83,23 @@ class LiveSettings:
 
 
 @dataclass(frozen=True)
+class AuthSettings:
+    mode: str = setting("", "none | token | accounts | header; empty = token when server.auth_token "
+                        "is set, else none.")
+    user_header: str = setting("X-Forwarded-User", "header mode: the header naming the signed-in user.")
+    trusted_proxies: list[str] = setting([], "header mode: proxy addresses or networks (CIDR) whose "
+                                         "user_header is believed; every other peer is refused.")
+    session_days: float = setting(14.0, "accounts mode: a sign-in lasts this long.")
+    signin_attempts: int = setting(5, "Failed sign-ins per minute per address and name before 429.")
+    revocation_check_ms: int = setting(500, "How often open sockets' sign-ins are checked against "
+                                       "the store (sign-out, disable, password change).")
+
+    def effective_mode(self, auth_token: str) -> str:
+        """The mode in force: the setting, or ``token``/``none`` by whether a token is set."""
+        return self.mode or ("token" if auth_token else "none")
+
+
+@dataclass(frozen=True)
 class HistoryPruning:
     enabled: bool = setting(False, "Lower the budget to max_tokens.")
     max_tokens: int = setting(8192, "Pruning cap; lowers, never raises, the budget.")
@@ -177,6 +194,11 @@ class Settings:
     source: str = "embedded default"
     store: StoreSettings = field(default_factory=StoreSettings)
     live: LiveSettings = field(default_factory=LiveSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
+
+    @property
+    def auth_mode(self) -> str:
+        return self.auth.effective_mode(self.server.auth_token)
 
 
 def _setting_type(hint: Any) -> type:
@@ -206,6 +228,7 @@ SCHEMA: dict[str, tuple[Setting, ...]] = {
     "server": schema_of(ServerSettings),
     "store": schema_of(StoreSettings),
     "live": schema_of(LiveSettings),
+    "auth": schema_of(AuthSettings),
     "runtime": schema_of(RuntimeSettings),
     "runtime.history_pruning": schema_of(HistoryPruning),
     "runtime.compaction": schema_of(CompactionSettings),
