@@ -187,7 +187,8 @@ async def test_accounts_revocation_closes_an_open_socket_with_4401_within_a_seco
             elif revoke == "disable":  # as `meterchat users disable` does, from outside the server
                 await run_in_store(settings.server.data_dir, lambda d: d.set_disabled("alice"))
             else:
-                await run_in_store(settings.server.data_dir, lambda d: d.set_password("alice", "new password"))
+                await run_in_store(settings.server.data_dir,
+                                   lambda d: d.set_password("alice", "new password"))
             with pytest.raises(ConnectionClosed) as closed:
                 while True:
                     await c.recv(timeout=5)
