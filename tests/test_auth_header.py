@@ -88,3 +88,14 @@ def test_auth_exposed_bind_is_fine_with_accounts_or_header():
     assert exposure_problem("0.0.0.0", "", "accounts") is None
     assert exposure_problem("0.0.0.0", "", "header") is None
     assert exposure_problem("0.0.0.0", "", "none") is not None
+
+
+def test_oidc_admin_claim_and_account_names():
+    from server.web.oidc import account_name, is_admin
+
+    assert is_admin({"groups": ["staff", "admins"]}, "groups", ["admins"])
+    assert is_admin({"role": "admins"}, "role", ["admins"]) and is_admin({"admin": True}, "admin", [])
+    assert not is_admin({"groups": ["staff"]}, "groups", ["admins"]) and not is_admin({}, "groups", ["x"])
+    assert account_name({"sub": "s", "preferred_username": "Ann Lee"}) == "Ann-Lee"
+    assert account_name({"sub": "s", "email": "ann@example.com"}) == "ann@example.com"
+    assert account_name({"sub": "s-1"}) == "s-1"

@@ -31,7 +31,8 @@ class Directory:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    async def add(self, name: str, password: str | None, *, email: str = "", role: str = "") -> User:
+    async def add(self, name: str, password: str | None, *, email: str = "", role: str = "",
+                  subject: str | None = None) -> User:
         """A new account (``password`` None: one that signs in elsewhere, OIDC or a proxy). With no
         ``role``, the first account is an admin and the others are users."""
         check_name(name)
@@ -42,7 +43,7 @@ class Directory:
         if role not in ROLES:
             raise ClientError(f"role: expected one of {', '.join(ROLES)}, got {role!r}")
         hashed = await hash_password(password) if password is not None else None
-        user = User(uuid.uuid4().hex[:16], name, email, role, hashed, utc_now())
+        user = User(uuid.uuid4().hex[:16], name, email, role, hashed, utc_now(), subject=subject)
         await self.store.create_user(user)
         await self.adopt_orphans()
         return user

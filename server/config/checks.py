@@ -92,6 +92,10 @@ def check_auth(auth: Mapping[str, Any], auth_token: str) -> None:
         raise ConfigError("auth.trusted_proxies: header mode needs the proxy's address (e.g. 127.0.0.1)")
     if mode == "header" and not auth["user_header"].strip():
         raise ConfigError("auth.user_header: header mode needs a header name")
+    if auth["oidc_issuer"] and mode != "accounts":
+        raise ConfigError("auth.oidc_issuer: single sign-on needs mode = \"accounts\"")
+    if auth["oidc_issuer"] and not auth["oidc_client_id"]:
+        raise ConfigError("auth.oidc_client_id: required with auth.oidc_issuer")
     for key in ("session_days", "signin_attempts", "revocation_check_ms"):
         if auth[key] <= 0:
             raise ConfigError(f"auth.{key}: must be greater than 0, got {auth[key]!r}")

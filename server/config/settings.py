@@ -93,6 +93,19 @@ class AuthSettings:
     signin_attempts: int = setting(5, "Failed sign-ins per minute per address and name before 429.")
     revocation_check_ms: int = setting(500, "How often open sockets' sign-ins are checked against "
                                        "the store (sign-out, disable, password change).")
+    oidc_issuer: str = setting("", "accounts mode: an OpenID Connect issuer URL; adds single sign-on.")
+    oidc_client_id: str = setting("", "OIDC: this server's client id at the issuer.")
+    oidc_client_secret_env: str = setting("METERCHAT_OIDC_CLIENT_SECRET",
+                                          "OIDC: the environment variable holding the client secret.")
+    oidc_scopes: str = setting("openid email profile", "OIDC: the scopes asked for.")
+    oidc_admin_claim: str = setting("", "OIDC: a claim that makes an admin (e.g. groups); empty = "
+                                    "the first account is the admin.")
+    oidc_admin_values: list[str] = setting(["admin"], "OIDC: values of oidc_admin_claim that make an "
+                                           "admin (a claim of true does too).")
+
+    @property
+    def oidc_client_secret(self) -> str:
+        return os.environ.get(self.oidc_client_secret_env, "") if self.oidc_client_secret_env else ""
 
     def effective_mode(self, auth_token: str) -> str:
         """The mode in force: the setting, or ``token``/``none`` by whether a token is set."""

@@ -166,15 +166,17 @@ CREATE TRIGGER IF NOT EXISTS message_text_update AFTER UPDATE OF content ON mess
 END;
 """
 
-# Version 7: accounts (issue 19). Users, their sign-ins (the cookie's id kept only as its SHA-256) and
+# Version 7: accounts (issue 19). Users (``subject``: the OIDC provider's ``sub`` for an account
+# that signs in there), their sign-ins (the cookie's id kept only as its SHA-256) and
 # API tokens (likewise hashed); every session gets an owner. Sessions stored before this stay
 # ownerless until the first admin account exists, which then takes them all (``claim_orphans``):
 # nothing is lost and nothing is shown to the wrong person.
 _ACCOUNTS = """
 CREATE TABLE IF NOT EXISTS users (
     id TEXT PRIMARY KEY, name TEXT NOT NULL, email TEXT NOT NULL, role TEXT NOT NULL,
-    password_hash TEXT, created_at TEXT NOT NULL, disabled INTEGER NOT NULL);
+    password_hash TEXT, created_at TEXT NOT NULL, disabled INTEGER NOT NULL, subject TEXT);
 CREATE UNIQUE INDEX IF NOT EXISTS users_name ON users (lower(name));
+CREATE UNIQUE INDEX IF NOT EXISTS users_subject ON users (subject);
 CREATE TABLE IF NOT EXISTS logins (
     id TEXT PRIMARY KEY, user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
     created_at TEXT NOT NULL, expires_at TEXT NOT NULL);

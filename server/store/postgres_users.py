@@ -45,6 +45,13 @@ class PostgresUsers:
         rows = await self._read(sql.USER_BY_NAME, name_or_email, name_or_email, name_or_email)
         return user_of(rows[0]) if rows else None
 
+    async def subject_user(self, subject: str) -> User | None:
+        rows = await self._read(sql.USER_BY_SUBJECT, subject)
+        return user_of(rows[0]) if rows else None
+
+    async def set_role(self, user_id: str, role: str) -> None:
+        await self._change((sql.SET_ROLE, (role, user_id)))
+
     async def list_users(self) -> list[User]:
         return [user_of(row) for row in await self._read(sql.ALL_USERS)]
 

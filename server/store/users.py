@@ -32,6 +32,7 @@ class User:
     password_hash: str | None
     created_at: str
     disabled: bool = False
+    subject: str | None = None  # the OIDC provider's ``sub``, for an account that signs in there
 
     @property
     def admin(self) -> bool:
@@ -67,6 +68,8 @@ class UserStore(Protocol):
     async def create_user(self, user: User) -> None: ...  # UserExists when the name is taken
     async def get_user(self, user_id: str) -> User | None: ...
     async def find_user(self, name_or_email: str) -> User | None: ...  # any case
+    async def subject_user(self, subject: str) -> User | None: ...
+    async def set_role(self, user_id: str, role: str) -> None: ...
     async def list_users(self) -> list[User]: ...
     # both revoke every sign-in of the user in the same transaction
     async def set_password(self, user_id: str, password_hash: str) -> None: ...
@@ -87,10 +90,12 @@ class UserStore(Protocol):
     async def usage_since(self, since: str) -> list[UsageRow]: ...
 
 
-USER_COLUMNS = "u.id, u.name, u.email, u.role, u.password_hash, u.created_at, u.disabled"
-INSERT_USER = ("INSERT INTO users (id, name, email, role, password_hash, created_at, disabled) "
-               "VALUES (?, ?, ?, ?, ?, ?, ?)")
+USER_COLUMNS = "u.id, u.name, u.email, u.role, u.password_hash, u.created_at, u.disabled, u.subject"
+INSERT_USER = ("INSERT INTO users (id, name, email, role, password_hash, created_at, disabled, subject) "
+               "VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 USER_BY_ID = f"SELECT {USER_COLUMNS} FROM users u WHERE u.id = ?"
+USER_BY_SUBJECT = f"SELECT {USER_COLUMNS} FROM users u WHERE u.subject = ?"
+SET_ROLE = "UPDATE users SET role = ? WHERE id = ?"
 USER_BY_NAME = (f"SELECT {USER_COLUMNS} FROM users u WHERE lower(u.name) = lower(?) "
                 "OR (u.email <> '' AND lower(u.email) = lower(?)) ORDER BY lower(u.name) = lower(?) DESC")
 ALL_USERS = f"SELECT {USER_COLUMNS} FROM users u ORDER BY u.created_at"
@@ -119,7 +124,7 @@ USAGE = (f"SELECT {USER_COLUMNS}, (SELECT COUNT(*) FROM sessions s WHERE s.owner
          "COALESCE(SUM(c.input_tokens), 0), COALESCE(SUM(c.output_tokens), 0), COALESCE(SUM(c.cost_usd), 0) "
          "FROM users u LEFT JOIN sessions s2 ON s2.owner_id = u.id "
          "LEFT JOIN calls c ON c.session_id = s2.id AND c.created_at >= ? "
-         "GROUP BY u.id, u.name, u.email, u.role, u.password_hash, u.created_at, u.disabled "
+         "GROUP BY u.id, u.name, u.email, u.role, u.password_hash, u.created_at, u.disabled, u.subject "
          "ORDER BY u.created_at")
 
 
@@ -139,16 +144,16 @@ def dialect_sql(sql: str) -> str:
 
 
 def user_of(row: tuple[Any, ...]) -> User:
-    return User(row[0], row[1], row[2], row[3], row[4], row[5], bool(row[6]))
+    return User(row[0], row[1], row[2], row[3], row[4], row[5], bool(row[6]), row[7])
 
 
 def user_row(user: User) -> tuple[Any, ...]:
     return (user.id, user.name, user.email, user.role, user.password_hash, user.created_at,
-            int(user.disabled))
+            int(user.disabled), user.subject)
 
 
 def usage_of(row: tuple[Any, ...]) -> UsageRow:
-    return UsageRow(user_of(row[:7]), int(row[7]), int(row[8]), int(row[9]), float(row[10]))
+    return UsageRow(user_of(row[:8]), int(row[8]), int(row[9]), int(row[10]), float(row[11]))
 
 
 def utc_now(after_seconds: float = 0.0) -> str:

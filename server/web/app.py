@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import anyio
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route, WebSocketRoute
@@ -152,14 +153,25 @@ def create_app(settings: Settings | None = None) -> Starlette:
         return JSONResponse({"ok": True, "providers": sorted(settings.providers),
                              "default_route": settings.default_route})
 
-    signin = Signin(mode, settings.auth.session_days, settings.auth.signin_attempts, templates, PAGE_POLICY)
+    sso = bool(settings.auth.oidc_issuer)
+    signin = Signin(mode, settings.auth.session_days, settings.auth.signin_attempts, templates, PAGE_POLICY,
+                    sso)
+    sso_routes: list[Route] = []
+    sso_middleware: list[Middleware] = []
+    if sso:  # authlib (and cryptography) are imported only by a server that signs in through OIDC
+        from server.web.oidc import OidcSignin, oidc_routes
+
+        oidc = OidcSignin(settings.auth, signin)
+        sso_routes, sso_middleware = oidc_routes(oidc), [oidc.middleware()]
     app = Starlette(routes=[
         Route("/", page), Route("/s/{session_id}", page), Route("/healthz", healthz),
         Route("/events", events), WebSocketRoute("/ws", websocket_endpoint),
         Mount("/static", StaticFiles(directory=str(asset_folder("static"))), name="static"),
         Route("/api/sessions/{session_id}/images/{message_id}/{n:int}", session_image),
         *api_routes(settings.server.max_import_bytes), *signin_routes(signin),
-    ], lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
+        *sso_routes,
+    ], lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS,
+        middleware=sso_middleware)
     app.add_middleware(Authenticator, mode=mode, auth=settings.auth, token=settings.server.auth_token)
     app.add_middleware(AccessGuard, bind_host=settings.server.host,  # outermost: before auth
                        allowed_hosts=settings.server.allowed_hosts,

@@ -12,7 +12,8 @@
 
 The viewer goes to the routes as ``request.state["viewer"]``. A request without one gets 401 (the
 page: a redirect to ``/signin``); a socket is accepted and closed with 4401, which the page reads
-as "sign in again". ``/healthz``, ``/static``, ``/signin`` and ``POST /api/auth/signin`` are open.
+as "sign in again". ``/healthz``, ``/static``, ``/signin`` (with its OIDC steps) and
+``POST /api/auth/signin`` are open.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from server.store.users import utc_now
 COOKIE = "meterchat_signin"
 TOKEN_PREFIX = "mc_"  # an API token's secret starts so: told apart from a cookie value or server token
 BEARER_PREFIX = "bearer."
-OPEN_PATHS = ("/healthz", "/signin", "/api/auth/signin")
+OPEN_PATHS = ("/healthz", "/signin", "/api/auth/signin", "/signin/oidc", "/signin/oidc/callback")
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 

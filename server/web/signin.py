@@ -32,7 +32,7 @@ from server.accounts.usage import month_start, usage_rows
 from server.accounts.viewer import Viewer, viewer_in
 from server.errors import ClientError, SigninFlood, Unauthorized, UnknownSession
 from server.store.base import Store
-from server.store.users import ApiToken, utc_now
+from server.store.users import ApiToken, User, utc_now
 from server.web.api import Reading, read_json
 from server.web.auth import COOKIE, TOKEN_PREFIX, secret_key
 from server.web.revocation import Revocations
@@ -95,8 +95,10 @@ def address_of(request: Request[Any]) -> str:
 
 
 class Signin:
-    def __init__(self, mode: str, session_days: float, attempts: int, templates: Any, policy: str) -> None:
+    def __init__(self, mode: str, session_days: float, attempts: int, templates: Any, policy: str,
+                 sso: bool = False) -> None:
         self.mode = mode
+        self.sso = sso  # a "single sign-on" button on the page (server.web.oidc)
         self.lifetime = session_days * 86400
         self.limiter = SigninLimiter(attempts)
         self.reading = Reading(64 * MAX_SIGNIN_BYTES)
@@ -106,7 +108,8 @@ class Signin:
     async def page(self, request: Request[Any]) -> Response:
         if self.mode != "accounts":
             return RedirectResponse("/", status_code=303)
-        response = self.templates.TemplateResponse(request, "signin.html", {"static_prefix": "/static"})
+        response = self.templates.TemplateResponse(request, "signin.html", {"static_prefix": "/static",
+                                                                            "sso": self.sso})
         response.headers["Content-Security-Policy"] = self.policy
         return response
 
@@ -123,9 +126,12 @@ class Signin:
             self.limiter.failed(address, name)
             raise Unauthorized("wrong name or password (or the account is disabled)")
         self.limiter.succeeded(address, name)
+        return await self.signed_in(request, user, JSONResponse({"user": user.public()}))
+
+    async def signed_in(self, request: Request[Any], user: User, response: Response) -> Response:
+        """``response`` carrying a new sign-in of ``user``: the row in the store, the cookie."""
         secret = secrets.token_urlsafe(32)
-        await store.create_login(secret_key(secret), user.id, utc_now(self.lifetime))
-        response = JSONResponse({"user": user.public()})
+        await store_of(request).create_login(secret_key(secret), user.id, utc_now(self.lifetime))
         response.set_cookie(COOKIE, secret, max_age=int(self.lifetime), path="/", httponly=True,
                             samesite="lax", secure=request.url.scheme == "https")
         return response

@@ -5,6 +5,12 @@ import { api } from "./api.js";
 
 const form = document.querySelector('[data-testid="signin-form"]');
 const error = document.querySelector('[data-testid="signin-error"]');
+// A single sign-on that came back refused says why through ?error= (server/web/oidc.py).
+const SSO_ERRORS = {
+  sso: "Single sign-on failed; try again.",
+  disabled: "This account is disabled.",
+};
+error.textContent = SSO_ERRORS[new URL(location.href).searchParams.get("error")] || "";
 
 form.addEventListener("submit", async (event) => {
   event.preventDefault();
