@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+import authlib.deprecate  # noqa: F401  (its import sets an "always" filter; ours must come after it)
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.requests import Request
