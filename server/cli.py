@@ -1,4 +1,5 @@
-"""``meterchat [--config PATH] [--host HOST] [--port PORT] [--workers N]``: start the server.
+"""``meterchat [--config PATH] [--host HOST] [--port PORT] [--workers N]``: start the server;
+``meterchat users ...``: manage accounts (``server.accounts.cli``).
 
 Without ``--config`` the server starts on the embedded offline demo provider. A bad settings file
 stops start-up with a message naming the key. ``--workers`` runs several processes on one socket
@@ -58,6 +59,11 @@ def installed_version() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["users"]:  # accounts on the command line (server.accounts.cli)
+        from server.accounts.cli import main as users_main
+
+        raise SystemExit(users_main(argv[1:]))
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     settings = checked(lambda: load_settings(args.config))
@@ -66,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     port = settings.server.port if args.port is None else args.port
     if args.worker_socket is not None:  # the supervisor refused an exposed bind already
         return serve_worker(args, settings, host, port)
-    refuse_exposure(host, settings.server.auth_token, args.insecure_no_auth)
+    refuse_exposure(host, settings.server.auth_token, args.insecure_no_auth, settings.auth_mode)
     if args.workers > 1:
         def prepare() -> None:
             checked(lambda: prepare_store(settings))
@@ -114,7 +120,10 @@ def uvicorn_config(app: Any, settings: Settings, log_level: str,
     config = uvicorn.Config(app, host=settings.server.host, port=settings.server.port,
                             log_level=log_level, loop="auto", ws=LingeringWebSocketProtocol,
                             ws_max_size=16 * 1024 * 1024, ws_per_message_deflate=False,
-                            headers=headers or [], **uvicorn_options(settings.server))
+                            headers=headers or [], **uvicorn_options(settings.server),
+                            # header mode trusts a peer address: it must be the real peer, not one
+                            # an X-Forwarded-For rewrote
+                            proxy_headers=settings.auth_mode != "header")
     redact_logs(profile.api_key for profile in settings.providers.values())  # after uvicorn's set-up
     return config
 
@@ -127,8 +136,8 @@ def serve_worker(args: argparse.Namespace, settings: Settings, host: str, port: 
     WorkerServer(config, app, args.worker_index).run(sockets=[sock])
 
 
-def refuse_exposure(host: str, auth_token: str, insecure: bool) -> None:
-    problem = exposure_problem(host, auth_token)
+def refuse_exposure(host: str, auth_token: str, insecure: bool, mode: str = "") -> None:
+    problem = exposure_problem(host, auth_token, mode)
     if problem is None:
         return
     if not insecure:

@@ -12,6 +12,11 @@
     │   ├── SessionExists           creating a session under an id already stored
     │   ├── ImportRejected          an exported session file of the wrong shape
     │   ├── TooLarge                a request body over its limit
+    │   ├── UserExists              an account name or email already taken
+    │   ├── UnknownUser             no account has that name, email or id
+    │   ├── Unauthorized            not signed in, a wrong password, a revoked sign-in (401)
+    │   ├── Forbidden               signed in, but not allowed (403)
+    │   ├── SigninFlood             too many failed sign-ins from one address for one name (429)
     │   └── FrameFlood              a client sending frames faster than its rate limit
     ├── CapacityExceeded            the prepared request does not fit the known window
     ├── HistoryUnfit                overflow recovery could not drop any turn
@@ -80,6 +85,27 @@ class SessionExists(ClientError):
 
 class ImportRejected(ClientError):
     code = "import_rejected"
+
+
+class UserExists(ClientError):
+    code = "user_exists"
+
+
+class UnknownUser(ClientError):
+    code = "unknown_user"
+
+
+class Unauthorized(ClientError):
+    code = "unauthorized"
+
+
+class Forbidden(ClientError):
+    code = "forbidden"
+
+
+class SigninFlood(ClientError):
+    code = "rate_limited"
+    retryable = True
 
 
 class TooLarge(ClientError):

@@ -23,16 +23,18 @@ MAY_IMPORT: dict[str, set[str]] = {
     "protocol": {"errors"},
     "history": {"config", "errors"},
     "store": {"history", "errors"},
+    # Accounts: who is asking, passwords, the user directory and its command line.
+    "accounts": {"store", "config", "history", "errors"},
     # The demo provider reads the demo tool's titles (the one reach from providers into tools).
     "providers": {"history", "config", "errors", "tools"},
     "tools": {"providers", "history", "config", "errors", "protocol"},
     "routing": {"providers", "tools", "history", "config", "errors", "protocol"},
     "sessions": {"routing", "providers", "tools", "store", "history", "config", "errors", "protocol"},
     "live": {"sessions", "routing", "history", "config", "errors", "protocol"},
-    "web": {"sessions", "live", "routing", "providers", "tools", "store", "history", "config", "errors",
-            "protocol"},
-    "cli": {"web", "sessions", "live", "routing", "providers", "tools", "store", "history", "config",
+    "web": {"accounts", "sessions", "live", "routing", "providers", "tools", "store", "history", "config",
             "errors", "protocol"},
+    "cli": {"accounts", "web", "sessions", "live", "routing", "providers", "tools", "store", "history",
+            "config", "errors", "protocol"},
     "__main__": {"cli"},
     # DESIGN contract names kept at the top (server.history_trim, server.budget): re-exports only.
     "history_trim": {"history"},

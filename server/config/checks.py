@@ -120,3 +120,25 @@ def check_tool_selection(key: str, tools: bool | list[str],
         if server not in servers:
             known = ", ".join(servers) or "none configured"
             raise ConfigError(f"{key}: {item!r} names no [mcp_servers] server (configured: {known})")
+
+
+AUTH_MODES = ("none", "token", "accounts", "header")
+
+
+def check_auth(auth: Mapping[str, Any], auth_token: str) -> None:
+    mode = auth["mode"]
+    if mode and mode not in AUTH_MODES:
+        raise ConfigError(f"auth.mode: expected one of {', '.join(AUTH_MODES)}, got {mode!r}")
+    if mode == "token" and not auth_token:
+        raise ConfigError("auth.mode: token needs server.auth_token (METERCHAT_SERVER_AUTH_TOKEN)")
+    if mode == "header" and not auth["trusted_proxies"]:
+        raise ConfigError("auth.trusted_proxies: header mode needs the proxy's address (e.g. 127.0.0.1)")
+    if mode == "header" and not auth["user_header"].strip():
+        raise ConfigError("auth.user_header: header mode needs a header name")
+    if auth["oidc_issuer"] and mode != "accounts":
+        raise ConfigError("auth.oidc_issuer: single sign-on needs mode = \"accounts\"")
+    if auth["oidc_issuer"] and not auth["oidc_client_id"]:
+        raise ConfigError("auth.oidc_client_id: required with auth.oidc_issuer")
+    for key in ("session_days", "signin_attempts", "revocation_check_ms"):
+        if auth[key] <= 0:
+            raise ConfigError(f"auth.{key}: must be greater than 0, got {auth[key]!r}")

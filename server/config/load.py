@@ -1,6 +1,6 @@
 """Loading the settings: a TOML file and the environment, read once into ``config.Settings``.
 
-Every scalar setting of ``[server]``, ``[store]``, ``[live]``, ``[runtime]``,
+Every scalar setting of ``[server]``, ``[store]``, ``[live]``, ``[auth]``, ``[runtime]``,
 ``[runtime.history_pruning]`` and ``[runtime.compaction]`` can be overridden by
 ``METERCHAT_<SECTION>_<KEY>`` (dots in the section become underscores, e.g.
 ``METERCHAT_RUNTIME_HISTORY_PRUNING_ENABLED``); ``METERCHAT_DATA_DIR`` and
@@ -19,6 +19,7 @@ from typing import Any
 
 from server.config.checks import (
     POSITIVE_SERVER_SETTINGS,
+    check_auth,
     check_compaction,
     check_live,
     check_mcp_server,
@@ -35,6 +36,7 @@ from server.config.settings import (
     ROUTE_SCHEMA,
     RULE_SCHEMA,
     SCHEMA,
+    AuthSettings,
     ClassifierRule,
     CompactionSettings,
     HistoryPruning,
@@ -50,7 +52,7 @@ from server.config.settings import (
 )
 from server.errors import ConfigError
 
-TOP_LEVEL_KEYS = {"server", "store", "live", "runtime", "providers", "default_route", "model_routes",
+TOP_LEVEL_KEYS = {"server", "store", "live", "auth", "runtime", "providers", "default_route", "model_routes",
                   "classifier", "mcp_servers"}
 
 
@@ -82,7 +84,8 @@ def settings_from_mapping(data: Mapping[str, Any], env: Mapping[str, str] | None
     for alias, profile in providers.items():
         check_tool_selection(f"providers.{alias}.tools", profile.tools, mcp_servers)
     return Settings(server, runtime, providers, default_route, routes, rules, source,
-                    StoreSettings(**_read_section(data, "store", env)), _read_live(data, env), mcp_servers)
+                    StoreSettings(**_read_section(data, "store", env)), _read_live(data, env), mcp_servers,
+                    _read_auth(data, env, server.auth_token))
 
 
 def _top_level(data: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -159,6 +162,12 @@ def _read_live(data: Mapping[str, Any], env: Mapping[str, str]) -> LiveSettings:
     live = _read_section(data, "live", env)
     check_live(live)
     return LiveSettings(**live)
+
+
+def _read_auth(data: Mapping[str, Any], env: Mapping[str, str], auth_token: str) -> AuthSettings:
+    auth = _read_section(data, "auth", env)
+    check_auth(auth, auth_token)
+    return AuthSettings(**auth)
 
 
 # --- tables ---------------------------------------------------------------------------------------

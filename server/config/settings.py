@@ -87,6 +87,36 @@ class LiveSettings:
 
 
 @dataclass(frozen=True)
+class AuthSettings:
+    mode: str = setting("", "none | token | accounts | header; empty = token when server.auth_token "
+                        "is set, else none.")
+    user_header: str = setting("X-Forwarded-User", "header mode: the header naming the signed-in user.")
+    trusted_proxies: list[str] = setting([], "header mode: proxy addresses or networks (CIDR) whose "
+                                         "user_header is believed; every other peer is refused.")
+    session_days: float = setting(14.0, "accounts mode: a sign-in lasts this long.")
+    signin_attempts: int = setting(5, "Failed sign-ins per minute per address and name before 429.")
+    revocation_check_ms: int = setting(500, "How often open sockets' sign-ins are checked against "
+                                       "the store (sign-out, disable, password change).")
+    oidc_issuer: str = setting("", "accounts mode: an OpenID Connect issuer URL; adds single sign-on.")
+    oidc_client_id: str = setting("", "OIDC: this server's client id at the issuer.")
+    oidc_client_secret_env: str = setting("METERCHAT_OIDC_CLIENT_SECRET",
+                                          "OIDC: the environment variable holding the client secret.")
+    oidc_scopes: str = setting("openid email profile", "OIDC: the scopes asked for.")
+    oidc_admin_claim: str = setting("", "OIDC: a claim that makes an admin (e.g. groups); empty = "
+                                    "the first account is the admin.")
+    oidc_admin_values: list[str] = setting(["admin"], "OIDC: values of oidc_admin_claim that make an "
+                                           "admin (a claim of true does too).")
+
+    @property
+    def oidc_client_secret(self) -> str:
+        return os.environ.get(self.oidc_client_secret_env, "") if self.oidc_client_secret_env else ""
+
+    def effective_mode(self, auth_token: str) -> str:
+        """The mode in force: the setting, or ``token``/``none`` by whether a token is set."""
+        return self.mode or ("token" if auth_token else "none")
+
+
+@dataclass(frozen=True)
 class HistoryPruning:
     enabled: bool = setting(False, "Lower the budget to max_tokens.")
     max_tokens: int = setting(8192, "Pruning cap; lowers, never raises, the budget.")
@@ -216,6 +246,11 @@ class Settings:
     store: StoreSettings = field(default_factory=StoreSettings)
     live: LiveSettings = field(default_factory=LiveSettings)
     mcp_servers: dict[str, McpServerSettings] = field(default_factory=dict)
+    auth: AuthSettings = field(default_factory=AuthSettings)
+
+    @property
+    def auth_mode(self) -> str:
+        return self.auth.effective_mode(self.server.auth_token)
 
 
 def _setting_type(hint: Any) -> type | tuple[type, ...]:
@@ -246,6 +281,7 @@ SCHEMA: dict[str, tuple[Setting, ...]] = {
     "server": schema_of(ServerSettings),
     "store": schema_of(StoreSettings),
     "live": schema_of(LiveSettings),
+    "auth": schema_of(AuthSettings),
     "runtime": schema_of(RuntimeSettings),
     "runtime.history_pruning": schema_of(HistoryPruning),
     "runtime.compaction": schema_of(CompactionSettings),

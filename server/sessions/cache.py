@@ -29,6 +29,12 @@ DEFAULT_TITLE = "New chat"
 MAX_CACHED_SESSIONS = 128  # with FRAME_LOG_BYTES, bounds the frame logs to about 256 MiB
 
 
+def visible(session_owner: str | None, owner: str | None) -> bool:
+    """Whether a caller speaking for ``owner`` (None: nobody signs in, everything is visible) may
+    open a session owned by ``session_owner``."""
+    return owner is None or session_owner == owner
+
+
 def new_session_id() -> str:
     return uuid.uuid4().hex[:16]
 
@@ -41,17 +47,21 @@ class SessionCache:
         self.restores = Restores(rt, instances)
         self._lock = anyio.Lock()
 
-    async def open(self, session_id: str | None) -> Session:
-        """The session ``session_id`` names (cached, or from the store), or a new one."""
+    async def open(self, session_id: str | None, owner: str | None = None) -> Session:
+        """The session ``session_id`` names (cached, or from the store), or a new one. With an
+        ``owner`` (accounts), a session owned by anyone else is one that does not exist: the caller
+        gets a new session of their own, exactly as for an unknown id."""
         async with self._lock:
-            session = self.sessions.pop(session_id, None) if session_id else None
-            if session is not None:
-                self.sessions[session.id] = session
+            session = self.sessions.get(session_id) if session_id else None
+            if session is not None and visible(session.owner, owner):
+                self.sessions[session.id] = self.sessions.pop(session.id)  # most recently opened last
                 session = await self.current(session)
+            else:
+                session = None
             if session is None and session_id:
-                session = await self._load(session_id)
+                session = await self._load(session_id, owner=owner)
             if session is None:
-                session = await self._create()
+                session = await self._create(owner)
             self.sessions[session.id] = session  # most recently opened last
             self._evict_idle()
             return session
@@ -91,13 +101,14 @@ class SessionCache:
         """The channel of a session not cached here, when other instances may have it open."""
         return self.instances.shared_channel(session_id)
 
-    async def messages_of(self, session_id: str) -> list[ChatMessage]:
-        """A session's transcript: the open copy when cached, else the store's (an image URL)."""
+    async def messages_of(self, session_id: str, owner: str | None = None) -> list[ChatMessage]:
+        """A session's transcript: the open copy when cached, else the store's (an image URL);
+        ``UnknownSession`` for one ``owner`` may not see."""
         session = self.sessions.get(session_id)
-        if session is not None:
+        if session is not None and visible(session.owner, owner):
             return session.transcript
-        stored = await self.rt.store.get_session(session_id)
-        if stored is None:
+        stored = await self.rt.store.get_session(session_id) if session is None else None
+        if stored is None or not visible(stored.owner, owner):
             raise UnknownSession(f"no session {echo(session_id)}")
         return stored.messages
 
@@ -105,7 +116,8 @@ class SessionCache:
         """Store a session created here, with what it holds so far (a no-op once stored)."""
         if session.stored:
             return
-        await self.rt.store.create_session(session.id, title=session.title, route=session.route.name)
+        await self.rt.store.create_session(session.id, title=session.title, route=session.route.name,
+                                           owner=session.owner)
         session.stored = True
         if session.transcript:
             await self.rt.store.append_messages(session.id, list(session.transcript))
@@ -113,17 +125,19 @@ class SessionCache:
 
     def _new(self, session_id: str, title: str, route: Route, transcript: list[ChatMessage],
              first_seq: int = 0, stored: StoredSession | None = None,
-             channel: FrameChannel | None = None) -> Session:
+             channel: FrameChannel | None = None, owner: str | None = None) -> Session:
         if channel is None:
             channel = self.instances.channel(session_id, first_seq)
-        return Session(session_id, title, route, transcript, channel=channel, store=self.rt.store,
-                       meter=self.rt.meter, image_token_cost=self.rt.options.image_token_cost,
-                       calls=stored.calls if stored else None, trims=stored.trims if stored else None,
-                       notices=stored.notices if stored else None, metrics=self.rt.metrics)
+        session = Session(session_id, title, route, transcript, channel=channel, store=self.rt.store,
+                          meter=self.rt.meter, image_token_cost=self.rt.options.image_token_cost,
+                          calls=stored.calls if stored else None, trims=stored.trims if stored else None,
+                          notices=stored.notices if stored else None, metrics=self.rt.metrics)
+        session.owner = stored.owner if stored else owner
+        return session
 
-    async def _create(self) -> Session:
+    async def _create(self, owner: str | None) -> Session:
         route = self.rt.resolver.default_route()
-        session = self._new(new_session_id(), DEFAULT_TITLE, route, [])
+        session = self._new(new_session_id(), DEFAULT_TITLE, route, [], owner=owner)
         session.stored = False  # stored with its first message: an opened page leaves no empty session
         if self.rt.options.system_prompt:
             session.add(ChatMessage("system", self.rt.options.system_prompt, created_at=utc_now()))
@@ -133,9 +147,10 @@ class SessionCache:
             await self.store_new(session)
         return session
 
-    async def _load(self, session_id: str, channel: FrameChannel | None = None) -> Session | None:
+    async def _load(self, session_id: str, channel: FrameChannel | None = None,
+                    owner: str | None = None) -> Session | None:
         stored = await self.rt.store.get_session(session_id)
-        if stored is None:
+        if stored is None or not visible(stored.owner, owner):
             return None
         # A reloaded session numbers its frames from now (in microseconds), above anything an earlier
         # incarnation sent, so a client's old last_seq can never be mistaken for one of these.

@@ -2,7 +2,8 @@
 
 ``EventBus.publish`` never blocks a turn: each subscriber has a bounded queue, and a subscriber
 that falls behind loses its oldest events (counted in ``dropped``) rather than slowing the server.
-``/events`` serves the bus as Server-Sent Events (``event: <type>``, ``data: <json>``). ``close``
+``/events`` serves the bus as Server-Sent Events (``event: <type>``, ``data: <json>``); a signed-in
+user's stream carries only their own sessions' events (``allowed``). ``close``
 (at shutdown) ends every stream once it has sent what it holds, so no subscriber holds the server
 open.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -81,7 +82,12 @@ class EventBus:
         self._subscribers.discard(subscription)
 
 
-async def sse_stream(bus: EventBus, keepalive_seconds: float = 15.0) -> AsyncIterator[str]:
+Allowed = Callable[[str], Awaitable[bool]]  # may this subscriber see the events of this session id?
+
+
+async def sse_stream(bus: EventBus, keepalive_seconds: float = 15.0,
+                     allowed: Allowed | None = None) -> AsyncIterator[str]:
+    """The bus as Server-Sent Events; with ``allowed``, only the events of sessions it admits."""
     subscription = bus.subscribe()
     try:
         yield ": meterchat events\n\n"
@@ -92,6 +98,8 @@ async def sse_stream(bus: EventBus, keepalive_seconds: float = 15.0) -> AsyncIte
             if event is None:
                 if not subscription.closed:
                     yield ": keepalive\n\n"
+                continue
+            if allowed is not None and not await allowed(event["session_id"]):
                 continue
             yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
     finally:

@@ -68,16 +68,18 @@ class SessionHub:
 
     # --- finding sessions (session_cache.py) ----------------------------------------------------
 
-    async def messages_of(self, session_id: str) -> list[ChatMessage]:
-        """A session's transcript, for its image URLs."""
-        return await self.cache.messages_of(session_id)
+    async def messages_of(self, session_id: str, owner: str | None = None) -> list[ChatMessage]:
+        """A session's transcript, for its image URLs (``owner``: as ``attach``)."""
+        return await self.cache.messages_of(session_id, owner)
 
     # --- clients joining and leaving ----------------------------------------------------------
 
-    async def attach(self, outbox: Outbox, session_id: str | None, last_seq: int | None) -> Session:
+    async def attach(self, outbox: Outbox, session_id: str | None, last_seq: int | None,
+                     owner: str | None = None) -> Session:
         """Open the session and put its first frames in ``outbox``: the ``session`` frame, then
-        the frames missed since ``last_seq`` or a ``history`` snapshot."""
-        session = await self.cache.open(session_id)
+        the frames missed since ``last_seq`` or a ``history`` snapshot. With an ``owner``
+        (accounts), another user's session id opens a new session, as an unknown id does."""
+        session = await self.cache.open(session_id, owner)
         resumed = session_id == session.id
         routes = self.rt.resolver.routes()
         page = self.rt.settings.server.history_page_messages

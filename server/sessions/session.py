@@ -90,6 +90,7 @@ class Session:
         self._streamed: ChatMessage | None = None
         self.anchors: dict[str, Anchor] = {}  # route name -> the provider's last count on it
         self.stored = True  # False for a new session until its first message is stored
+        self.owner: str | None = None  # the owning user's id (accounts); None: nobody's
         self.unsaved: dict[str, ChatMessage] = {}  # replies the store refused, written when it recovers
         self.ledger = HistoryLedger(self._scan(), image_token_cost=image_token_cost)
         self.trimmed_tokens = self._count_trimmed()  # the meter's "History trimmed", kept current

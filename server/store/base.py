@@ -26,6 +26,7 @@ from types import UnionType
 from typing import Any, Protocol, Union, get_args, get_origin, get_type_hints
 
 from server.history.messages import ChatMessage, left_out_from, stored_marks
+from server.store.users import UserStore
 
 
 @dataclass(frozen=True)
@@ -67,23 +68,27 @@ class StoredSession:
     calls: list[CallRecord] = field(default_factory=list)
     trims: list[dict[str, Any]] = field(default_factory=list)  # history_trimmed fields, oldest first
     notices: list[dict[str, Any]] = field(default_factory=list)  # the page's other lines, oldest first
+    owner: str | None = None  # the owning user's id; None: nobody's (no accounts, or before them)
 
 
-class Store(Protocol):
+class Store(UserStore, Protocol):
     async def close(self) -> None: ...
 
     async def ping(self) -> None: ...  # raises StoreUnavailable when the store cannot answer
 
-    async def create_session(self, session_id: str, *, title: str, route: str) -> None: ...
+    # ``owner``: the user id owning it (accounts), None in the modes where nobody owns anything
+    async def create_session(self, session_id: str, *, title: str, route: str,
+                             owner: str | None = None) -> None: ...
 
     async def get_session(self, session_id: str) -> StoredSession | None: ...
 
     async def get_summary(self, session_id: str) -> SessionSummary | None: ...
 
     # newest first; ``query`` matches titles and message text; ``before`` and ``before_id``, the
-    # last row of the previous page (``server.store.search``)
+    # last row of the previous page (``server.store.search``); only ``owner``'s when given
     async def list_sessions(self, query: str = "", before: str | None = None, limit: int | None = None,
-                            before_id: str | None = None) -> list[SessionSummary]: ...
+                            before_id: str | None = None,
+                            owner: str | None = None) -> list[SessionSummary]: ...
 
     async def rename_session(self, session_id: str, title: str) -> None: ...
 
@@ -107,7 +112,7 @@ class Store(Protocol):
     # an error, notice, switch or command line of the transcript (``server.sessions.notices``)
     async def record_notice(self, session_id: str, notice: Mapping[str, Any]) -> None: ...
 
-    async def import_session(self, session: StoredSession) -> None: ...
+    async def import_session(self, session: StoredSession, owner: str | None = None) -> None: ...
     # windows providers named in their overflow errors, by (provider alias, model)
     async def load_windows(self) -> dict[tuple[str, str], int]: ...
     async def save_window(self, provider: str, model: str, tokens: int) -> None: ...

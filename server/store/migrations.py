@@ -166,6 +166,35 @@ CREATE TRIGGER IF NOT EXISTS message_text_update AFTER UPDATE OF content ON mess
 END;
 """
 
+# Version 7: accounts (issue 19). Users (``subject``: the OIDC provider's ``sub`` for an account
+# that signs in there), their sign-ins (the cookie's id kept only as its SHA-256) and
+# API tokens (likewise hashed); every session gets an owner. Sessions stored before this stay
+# ownerless until the first admin account exists, which then takes them all (``claim_orphans``):
+# nothing is lost and nothing is shown to the wrong person.
+_ACCOUNTS = """
+CREATE TABLE IF NOT EXISTS users (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, email TEXT NOT NULL, role TEXT NOT NULL,
+    password_hash TEXT, created_at TEXT NOT NULL, disabled INTEGER NOT NULL, subject TEXT);
+CREATE UNIQUE INDEX IF NOT EXISTS users_name ON users (lower(name));
+CREATE UNIQUE INDEX IF NOT EXISTS users_subject ON users (subject);
+CREATE TABLE IF NOT EXISTS logins (
+    id TEXT PRIMARY KEY, user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    created_at TEXT NOT NULL, expires_at TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS logins_user ON logins (user_id);
+CREATE TABLE IF NOT EXISTS api_tokens (
+    id TEXT PRIMARY KEY, user_id TEXT NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+    name TEXT NOT NULL, token_hash TEXT NOT NULL UNIQUE, created_at TEXT NOT NULL, last_used TEXT);
+CREATE INDEX IF NOT EXISTS api_tokens_user ON api_tokens (user_id);
+"""
+_SQLITE_7 = _ACCOUNTS + """
+ALTER TABLE sessions ADD COLUMN owner_id TEXT;
+CREATE INDEX IF NOT EXISTS sessions_owner ON sessions (owner_id, updated_at);
+"""
+_POSTGRES_7 = _ACCOUNTS + """
+ALTER TABLE sessions ADD COLUMN IF NOT EXISTS owner_id TEXT;
+CREATE INDEX IF NOT EXISTS sessions_owner ON sessions (owner_id, updated_at);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "sessions, messages and calls", _SQLITE_1, _POSTGRES_1),
     Migration(2, "message times, versions and thinking; trims", _SQLITE_2, _POSTGRES_2),
@@ -173,6 +202,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "session search", _SQLITE_4, _POSTGRES_4),
     Migration(5, "transcript notices", _SQLITE_5, _POSTGRES_5),
     Migration(6, "search index skips streaming checkpoints", _SQLITE_6, ""),
+    Migration(7, "accounts: users, sign-ins, API tokens, session owners", _SQLITE_7, _POSTGRES_7),
 )
 
 _RECORDS = ("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "

@@ -39,6 +39,7 @@ from server.store.base import (
     message_to_data,
 )
 from server.store.migrations import migrate_postgres
+from server.store.postgres_users import PostgresUsers
 from server.store.search import POSTGRES, SUMMARY, search_sql
 
 Conn = psycopg.AsyncConnection[Any]
@@ -77,7 +78,7 @@ def _where(url: str) -> str:
     return f"PostgreSQL {info.get('host', 'local')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
 
 
-class PostgresStore:
+class PostgresStore(PostgresUsers):
     """The ``server.store.base.Store`` contract on a PostgreSQL database; build it with ``open_store``."""
 
     def __init__(self, url: str, pool_size: int, timeout: float = CONNECT_SECONDS) -> None:
@@ -129,16 +130,18 @@ class PostgresStore:
 
     # sessions
 
-    async def create_session(self, session_id: str, *, title: str, route: str) -> None:
+    async def create_session(self, session_id: str, *, title: str, route: str,
+                             owner: str | None = None) -> None:
         async with self._transaction() as conn:
-            await self._create(conn, session_id, title, route, None)
+            await self._create(conn, session_id, title, route, None, owner)
 
     async def _create(self, conn: Conn, session_id: str, title: str, route: str,
-                      created_at: str | None) -> None:
+                      created_at: str | None, owner: str | None) -> None:
         now = self._clock.now()
         cursor = await conn.execute(
-            "INSERT INTO sessions VALUES (%s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
-            (session_id, title, route, created_at or now, now))
+            "INSERT INTO sessions (id, title, route, created_at, updated_at, owner_id) "
+            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING",
+            (session_id, title, route, created_at or now, now, owner))
         if cursor.rowcount == 0:  # DO NOTHING: a failed INSERT would poison the transaction
             raise SessionExists(f"session {session_id!r} already exists")
 
@@ -146,7 +149,7 @@ class PostgresStore:
         async with self._transaction() as conn:
             await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # one snapshot
             head = await (await conn.execute(
-                "SELECT id, title, route, created_at, updated_at FROM sessions WHERE id = %s",
+                "SELECT id, title, route, created_at, updated_at, owner_id FROM sessions WHERE id = %s",
                 (session_id,))).fetchone()
             if head is None:
                 return None
@@ -162,11 +165,11 @@ class PostgresStore:
             notices = await (await conn.execute(
                 "SELECT data, created_at FROM notices WHERE session_id = %s ORDER BY seq",
                 (session_id,))).fetchall()
-        session_id, title, route, created_at, updated_at = head
+        session_id, title, route, created_at, updated_at, owner = head
         return StoredSession(session_id, title, route, created_at, updated_at,
                              [message_from_data(row[0]) for row in rows], [CallRecord(*row) for row in calls],
                              [{"created_at": at, **data} for data, at in trims],
-                             [{"created_at": at, **data} for data, at in notices])
+                             [{"created_at": at, **data} for data, at in notices], owner)
 
     async def ping(self) -> None:
         await self._query("SELECT 1", ())
@@ -175,10 +178,10 @@ class PostgresStore:
         rows = await self._query(SUMMARY + " WHERE s.id = %s", (session_id,))
         return SessionSummary(*rows[0]) if rows else None
 
-    async def list_sessions(self, query: str = "", before: str | None = None,
-                            limit: int | None = None, before_id: str | None = None) -> list[SessionSummary]:
+    async def list_sessions(self, query: str = "", before: str | None = None, limit: int | None = None,
+                            before_id: str | None = None, owner: str | None = None) -> list[SessionSummary]:
         """Sessions, most recently updated first: all, or those whose title or text matches."""
-        rows = await self._query(*search_sql(POSTGRES, query, before, limit, before_id))
+        rows = await self._query(*search_sql(POSTGRES, query, before, limit, before_id, owner))
         return [SessionSummary(*row) for row in rows]
 
     async def _query(self, sql: str, params: tuple[Any, ...]) -> list[Row]:
@@ -309,11 +312,11 @@ class PostgresStore:
         now = await self._touch(conn, session_id)
         await conn.execute(_INSERT_EVENT.format(table), (session_id, Json(dict(data)), now))
 
-    async def import_session(self, session: StoredSession) -> None:
-        """Write a whole session (from an export) at once; its id must be new."""
+    async def import_session(self, session: StoredSession, owner: str | None = None) -> None:
+        """Write a whole session (from an export) at once, owned by ``owner``; its id must be new."""
         documents = [_document(message) for message in session.messages]
         async with self._transaction() as conn:
-            await self._create(conn, session.id, session.title, session.route, session.created_at)
+            await self._create(conn, session.id, session.title, session.route, session.created_at, owner)
             await self._put(conn, session.id, documents, _INSERT)
             await self._put_calls(conn, session.id, session.calls)
             async with conn.cursor() as cursor:

@@ -41,10 +41,14 @@ POSTGRES = Dialect("%s", "ILIKE", re.compile(r"[^\W_]+"),
 
 
 def search_sql(dialect: Dialect, query: str, before: str | None, limit: int | None,
-               before_id: str | None = None) -> tuple[str, tuple[Any, ...]]:
-    """The session summaries ``query`` finds (all of them for an empty query), as SQL and parameters."""
+               before_id: str | None = None, owner: str | None = None) -> tuple[str, tuple[Any, ...]]:
+    """The session summaries ``query`` finds (all of them for an empty query), as SQL and parameters;
+    only ``owner``'s when one is given."""
     where: list[str] = []
     params: list[Any] = []
+    if owner is not None:
+        where.append(f"s.owner_id = {dialect.mark}")
+        params.append(owner)
     words = dialect.words.findall(query)
     if query.strip():
         like = "%" + re.sub(r"([%_\\])", r"\\\1", query.strip()) + "%"

@@ -50,6 +50,7 @@ from server.store.base import (
 )
 from server.store.migrations import migrate_sqlite
 from server.store.search import SQLITE, SUMMARY, search_sql
+from server.store.sqlite_users import SqliteUsers
 
 FILE_NAME = "meterchat.sqlite3"
 T = TypeVar("T")
@@ -68,6 +69,8 @@ _REINDEX = ("UPDATE message_text SET content = ? "
             "WHERE rowid = (SELECT rowid FROM messages WHERE session_id = ? AND id = ?)")
 # A trim or a notice: its fields as JSON, in the table named (``trims``, ``notices``).
 _INSERT_EVENT = "INSERT INTO {} (session_id, data, created_at) VALUES (?, ?, ?)"
+_INSERT_SESSION = ("INSERT INTO sessions (id, title, route, created_at, updated_at, owner_id) "
+                   "VALUES (?, ?, ?, ?, ?, ?)")
 _SELECT = f"SELECT id, {', '.join(_FIELDS)} FROM messages WHERE session_id = ? ORDER BY position"
 
 Row = tuple[Any, ...]
@@ -95,7 +98,7 @@ def _message(row: Row) -> ChatMessage:
     return message_from_data(data)
 
 
-class SqliteStore:
+class SqliteStore(SqliteUsers):
     """The ``server.store.base.Store`` contract on one SQLite file; build it with ``open_store``."""
 
     def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
@@ -165,14 +168,15 @@ class SqliteStore:
 
     # sessions
 
-    async def create_session(self, session_id: str, *, title: str, route: str) -> None:
-        await self._call(self._write, self._create, session_id, title, route, None)
+    async def create_session(self, session_id: str, *, title: str, route: str,
+                             owner: str | None = None) -> None:
+        await self._call(self._write, self._create, session_id, title, route, None, owner)
 
-    def _create(self, session_id: str, title: str, route: str, created_at: str | None) -> None:
+    def _create(self, session_id: str, title: str, route: str, created_at: str | None,
+                owner: str | None) -> None:
         now = self._clock.now()
         try:
-            self._conn.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, ?)",
-                               (session_id, title, route, created_at or now, now))
+            self._conn.execute(_INSERT_SESSION, (session_id, title, route, created_at or now, now, owner))
         except sqlite3.IntegrityError as exc:
             raise SessionExists(f"session {session_id!r} already exists") from exc
 
@@ -182,8 +186,8 @@ class SqliteStore:
     def _read_session(self, session_id: str) -> StoredSession | None:
         self._conn.execute("BEGIN")  # one snapshot for the three reads
         try:
-            head = self._conn.execute("SELECT id, title, route, created_at, updated_at FROM sessions "
-                                      "WHERE id = ?", (session_id,)).fetchone()
+            head = self._conn.execute("SELECT id, title, route, created_at, updated_at, owner_id "
+                                      "FROM sessions WHERE id = ?", (session_id,)).fetchone()
             if head is None:
                 return None
             messages = [_message(row) for row in self._conn.execute(_SELECT, (session_id,))]
@@ -196,18 +200,18 @@ class SqliteStore:
                 "SELECT data, created_at FROM notices WHERE session_id = ? ORDER BY seq", (session_id,))]
         finally:
             self._conn.execute("COMMIT")
-        session_id, title, route, created_at, updated_at = head
+        session_id, title, route, created_at, updated_at, owner = head
         return StoredSession(session_id, title, route, created_at, updated_at, messages, calls, trims,
-                             notices)
+                             notices, owner)
 
     async def get_summary(self, session_id: str) -> SessionSummary | None:
         row = await self._call(self._query_one, SUMMARY + " WHERE s.id = ?", (session_id,))
         return None if row is None else SessionSummary(*row)
 
-    async def list_sessions(self, query: str = "", before: str | None = None,
-                            limit: int | None = None, before_id: str | None = None) -> list[SessionSummary]:
+    async def list_sessions(self, query: str = "", before: str | None = None, limit: int | None = None,
+                            before_id: str | None = None, owner: str | None = None) -> list[SessionSummary]:
         """Sessions, most recently updated first: all, or those whose title or text matches."""
-        rows = await self._call(self._query, *search_sql(SQLITE, query, before, limit, before_id))
+        rows = await self._call(self._query, *search_sql(SQLITE, query, before, limit, before_id, owner))
         return [SessionSummary(*row) for row in rows]
 
     def _query(self, sql: str, params: tuple[Any, ...]) -> list[Row]:
@@ -340,13 +344,13 @@ class SqliteStore:
         now = self._touch(session_id)
         self._conn.execute(_INSERT_EVENT.format(table), (session_id, data, now))
 
-    async def import_session(self, session: StoredSession) -> None:
-        """Write a whole session (from an export) at once; its id must be new."""
+    async def import_session(self, session: StoredSession, owner: str | None = None) -> None:
+        """Write a whole session (from an export) at once, owned by ``owner``; its id must be new."""
         rows = [_row(message) for message in session.messages]
-        await self._call(self._write, self._import, session, rows)
+        await self._call(self._write, self._import, session, rows, owner)
 
-    def _import(self, session: StoredSession, rows: list[Row]) -> None:
-        self._create(session.id, session.title, session.route, session.created_at)
+    def _import(self, session: StoredSession, rows: list[Row], owner: str | None) -> None:
+        self._create(session.id, session.title, session.route, session.created_at, owner)
         self._put_rows(session.id, rows, _INSERT)
         self._put_calls(session.id, session.calls)
         for table, lines in (("trims", session.trims), ("notices", session.notices)):

@@ -74,13 +74,15 @@ def is_loopback(host: str) -> bool:
         return False  # a host name other than localhost may resolve anywhere
 
 
-def exposure_problem(host: str, auth_token: str) -> str | None:
-    """Why serving on ``host`` without a token is refused, in one line; None when it is fine."""
-    if auth_token or is_loopback(host):
+def exposure_problem(host: str, auth_token: str, mode: str = "") -> str | None:
+    """Why serving on ``host`` without a token is refused, in one line; None when it is fine (a
+    token, or ``[auth] mode`` accounts or header, where every request names its user)."""
+    if auth_token or is_loopback(host) or mode in ("accounts", "header"):
         return None
     return (f"refusing to listen on {host} without an auth token: anyone who can reach it could read "
             "every conversation and spend your provider keys. Set one with METERCHAT_SERVER_AUTH_TOKEN="
-            "<long random string> (or auth_token in [server]), or pass --insecure-no-auth if a proxy "
+            "<long random string> (or auth_token in [server]), or use accounts ([auth] mode = "
+            "\"accounts\"), or pass --insecure-no-auth if a proxy "
             "in front does the authentication")
 
 

@@ -13,7 +13,8 @@ taken, 413 body over its limit (an import: ``server.max_import_bytes``), 408 a b
 within ``BODY_SECONDS``, 503 ``busy`` when the bodies being read at once would pass the ``Reading``
 bound (``MAX_READING_BYTES``, or one whole import when that is larger); routes raise ``ClientError`` and
 the application's ``EXCEPTION_HANDLERS`` render it. Authentication is the application's
-middleware, not this module's.
+middleware (``server.web.auth``); this module shows a signed-in user only the sessions they own and
+answers for anyone else's exactly as for an id that names nothing.
 
 The routes read their services from the lifespan state (``ApiState``): the ``store``, and
 ``on_change(id, what)``, awaited after a committed ``renamed``, ``deleted`` or ``imported`` so live
@@ -26,14 +27,27 @@ import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from server.errors import Busy, ClientError, SessionExists, SlowBody, TooLarge, UnknownSession
+from server.accounts.viewer import ANYONE, Viewer, viewer_in
+from server.errors import (
+    Busy,
+    ClientError,
+    Forbidden,
+    SessionExists,
+    SigninFlood,
+    SlowBody,
+    TooLarge,
+    Unauthorized,
+    UnknownSession,
+    UnknownUser,
+    UserExists,
+)
 from server.protocol import echo
 from server.store.base import SessionSummary, Store
 from server.web.export import from_json, to_json
@@ -50,16 +64,19 @@ MAX_ID_CHARS = 200  # longer than any id this server makes or imports
 # a 32 MiB import on each of the server's connections held 32 MiB each, for ever.
 MAX_READING_BYTES = 64 * 1024 * 1024  # bodies being read at once (at least one whole import)
 BODY_SECONDS = 60.0  # a 32 MiB import over a link of 0.5 MiB/s
-_STATUS = ((UnknownSession, 404), (SessionExists, 409), (TooLarge, 413), (SlowBody, 408), (Busy, 503),
-           (ClientError, 400))
+_STATUS = ((UnknownSession, 404), (UnknownUser, 404), (SessionExists, 409), (UserExists, 409),
+           (TooLarge, 413), (SlowBody, 408), (Busy, 503), (Unauthorized, 401), (Forbidden, 403),
+           (SigninFlood, 429), (ClientError, 400))
 log = logging.getLogger(__name__)
 
 
 class ApiState(TypedDict):
-    """What the routes read from ``request.state`` (the application's lifespan yields it)."""
+    """What the routes read from ``request.state`` (the application's lifespan yields it; the
+    ``viewer``, who is asking, comes from ``server.web.auth.Authenticator``)."""
 
     store: Store
     on_change: OnChange
+    viewer: NotRequired[Viewer | None]
 
 
 ApiRequest = Request[ApiState]
@@ -140,22 +157,23 @@ class SessionsApi:
         before_id = params.get("before_id") or None
         if before_id is not None and len(before_id) > MAX_ID_CHARS:
             raise ClientError(f"before_id: at most {MAX_ID_CHARS} characters, got {len(before_id):,}")
-        found = await request.state["store"].list_sessions(
-            query, params.get("before") or None, _limit(params.get("limit")), before_id)
+        found = await request.state["store"].list_sessions(query, params.get("before") or None,
+                                                           _limit(params.get("limit")), before_id,
+                                                           _viewer(request).owner)
         return JSONResponse([summary.to_dict() for summary in found])
 
     async def get(self, request: ApiRequest) -> Response:
-        return JSONResponse((await _summary(request, _session_id(request))).to_dict())
+        return JSONResponse((await _summary(request, await _visible_id(request))).to_dict())
 
     async def rename(self, request: ApiRequest) -> Response:
-        session_id = _session_id(request)
+        session_id = await _visible_id(request)
         title = _title(await read_json(request, MAX_PATCH_BYTES, self.reading))
         await request.state["store"].rename_session(session_id, title)
         await _changed(request, session_id, "renamed")
         return JSONResponse((await _summary(request, session_id)).to_dict())
 
     async def delete(self, request: ApiRequest) -> Response:
-        session_id = _session_id(request)
+        session_id = await _visible_id(request)
         await request.state["store"].delete_session(session_id)
         await _changed(request, session_id, "deleted")
         return Response(status_code=204)
@@ -164,7 +182,7 @@ class SessionsApi:
         kind = request.query_params.get("format", "json")
         if kind not in ("md", "json"):
             raise ClientError(f"format: expected md or json, got {echo(kind)}")
-        session_id = _session_id(request)
+        session_id = await _visible_id(request)
         session = await request.state["store"].get_session(session_id)
         if session is None:
             raise UnknownSession(f"no session {echo(session_id)}")
@@ -178,7 +196,7 @@ class SessionsApi:
     async def import_(self, request: ApiRequest) -> Response:
         body = await read_json(request, self.max_import_bytes, self.reading, "server.max_import_bytes")
         session = from_json(body)
-        await request.state["store"].import_session(session)
+        await request.state["store"].import_session(session, _viewer(request).owner)  # the importer's
         await _changed(request, session.id, "imported")
         return JSONResponse({"session_id": session.id}, status_code=201)
 
@@ -188,6 +206,19 @@ def _session_id(request: ApiRequest) -> str:
     never quoted back whole by the store's errors)."""
     session_id: str = request.path_params["session_id"]
     if len(session_id) > MAX_ID_CHARS:
+        raise UnknownSession(f"no session {echo(session_id)}")
+    return session_id
+
+
+def _viewer(request: ApiRequest) -> Viewer:
+    return viewer_in(request.scope) or ANYONE  # a route served without the middleware
+
+
+async def _visible_id(request: ApiRequest) -> str:
+    """The path's session id, when the viewer may see that session; else ``UnknownSession``, the
+    same answer (404, same message) as for an id that names nothing."""
+    session_id = _session_id(request)
+    if not _viewer(request).sees(await request.state["store"].session_owner(session_id)):
         raise UnknownSession(f"no session {echo(session_id)}")
     return session_id
 

@@ -15,9 +15,7 @@ The lifespan yields the shared services as typed state (``AppState``); handlers 
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,14 +23,16 @@ from urllib.parse import urlsplit
 
 import anyio
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import HTTPConnection, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
-from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from server.accounts.directory import Directory
+from server.accounts.viewer import Viewer, viewer_in
 from server.config.load import load_settings
 from server.config.settings import Settings
 from server.live.redis_live import RedisLive
@@ -46,11 +46,15 @@ from server.sessions.instances import SoleInstance
 from server.sessions.metrics import Metrics, PrometheusMetrics
 from server.sessions.runtime import Runtime
 from server.store.backends import open_store
+from server.store.base import Store
 from server.tools.toolbox import Toolbox
 from server.web.access import AccessGuard, redact_tokens_in_logs
-from server.web.api import EXCEPTION_HANDLERS, ApiState, OnChange, api_routes, error_body
+from server.web.api import EXCEPTION_HANDLERS, ApiState, OnChange, api_routes
+from server.web.auth import Authenticator, offered_subprotocols
 from server.web.connection import Connection
 from server.web.ops import healthz, metrics_endpoint, readyz
+from server.web.revocation import Revocations
+from server.web.signin import Signin, signin_routes
 
 
 def asset_folder(name: str) -> Path:
@@ -70,35 +74,7 @@ PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-
 
 
 SUBPROTOCOL = "meterchat.v1"
-TOKEN_REFUSED = 4401  # the socket's 401: the token is missing or wrong
-BEARER_PREFIX = "bearer."
-
-
-def offered_subprotocols(conn: HTTPConnection[Any]) -> list[str]:
-    header = conn.headers.get("sec-websocket-protocol", "")
-    return [part.strip() for part in header.split(",") if part.strip()]
-
-
-def given_token(conn: HTTPConnection[Any]) -> str:
-    """The bearer token from the Authorization header, a ``bearer.<base64url>`` WebSocket subprotocol
-    (what a browser can send without putting the token in a URL that logs keep), or ``?token=``."""
-    header = conn.headers.get("authorization", "")
-    if header.lower().startswith("bearer "):
-        return header[7:]
-    for offered in offered_subprotocols(conn):
-        if offered.startswith(BEARER_PREFIX):
-            encoded = offered[len(BEARER_PREFIX):]
-            try:
-                return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
-            except (ValueError, UnicodeDecodeError):
-                return ""
-    return conn.query_params.get("token", "")
-
-
-def authorized(conn: HTTPConnection[Any], token: str) -> bool:
-    if not token:
-        return True
-    return hmac.compare_digest(given_token(conn).encode(), token.encode())
+TOKEN_REFUSED = 4401  # the socket's 401: the token is missing or wrong, or the sign-in was revoked
 
 
 def origin_allowed(conn: HTTPConnection[Any], allowed: list[str]) -> bool:
@@ -115,6 +91,7 @@ class AppState(ApiState):
 
     hub: SessionHub
     bus: EventBus
+    revocations: Revocations
     ready_checks: Mapping[str, Callable[[], Awaitable[None]]]
 
 
@@ -125,12 +102,19 @@ def create_app(settings: Settings | None = None) -> Starlette:
                        settings.store.timeout_seconds)
     metrics = PrometheusMetrics() if settings.server.metrics else Metrics()
 
+    mode = settings.auth_mode
+    revocations = Revocations(store, settings.auth.revocation_check_ms / 1000)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[AppState]:
         providers = {alias: build_provider(p) for alias, p in settings.providers.items()}
         live = RedisLive(settings.live, EventBus()) if settings.live.url else None
+        if mode in ("accounts", "header"):
+            await Directory(store).adopt_orphans()  # sessions from before accounts: the first admin's
         try:
             async with anyio.create_task_group() as tasks:
+                if mode in ("accounts", "header"):
+                    tasks.start_soon(revocations.run)
                 toolbox = Toolbox(settings.mcp_servers, settings.runtime.max_image_bytes)
                 await toolbox.start(tasks)
                 rt = Runtime(settings, store, providers, RouteResolver(settings, providers),
@@ -141,7 +125,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 app.state.drain = hub.drain  # awaited first on SIGTERM (server.web.serving.DrainingServer)
                 checks = {"store": store.ping, **({"live": live.ping} if live else {})}
                 yield {"store": store, "on_change": live_sessions_follow(hub), "hub": hub, "bus": rt.bus,
-                       "ready_checks": checks}
+                       "revocations": revocations, "ready_checks": checks}
                 tasks.cancel_scope.cancel()
         finally:
             if live is not None:
@@ -154,9 +138,10 @@ def create_app(settings: Settings | None = None) -> Starlette:
     page_config = {"subprotocol": SUBPROTOCOL, "max_image_bytes": settings.runtime.max_image_bytes}
 
     async def page(request: Request) -> Response:
+        viewer: Viewer | None = viewer_in(request.scope)
         response = templates.TemplateResponse(request, "index.html", {
-            "static_prefix": "/static", "auth_required": bool(settings.server.auth_token),
-            "page_config": page_config})
+            "static_prefix": "/static", "auth_required": mode == "token", "auth_mode": mode,
+            "user": viewer.user if viewer is not None else None, "page_config": page_config})
         response.headers["Content-Security-Policy"] = PAGE_POLICY
         return response
 
@@ -166,17 +151,28 @@ def create_app(settings: Settings | None = None) -> Starlette:
             return
         offered = offered_subprotocols(websocket)
         await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
-        if not authorized(websocket, settings.server.auth_token):
+        viewer = viewer_in(websocket.scope)
+        if viewer is None:
             # Accepted first: a browser sees the close code of an accepted socket only, and 4401
-            # tells the page to ask for the token again instead of reconnecting for good.
+            # tells the page to ask for the token (or a sign-in) again instead of reconnecting for good.
             await websocket.close(code=TOKEN_REFUSED, reason="unauthorized")
             return
         metrics.socket_opened()
         try:
-            await Connection(websocket, websocket.state["hub"]).run()
+            await watched_connection(websocket, viewer)
         finally:
             metrics.socket_closed()
 
+    sso = bool(settings.auth.oidc_issuer)
+    signin = Signin(mode, settings.auth.session_days, settings.auth.signin_attempts, templates, PAGE_POLICY,
+                    sso)
+    sso_routes: list[Route] = []
+    sso_middleware: list[Middleware] = []
+    if sso:  # authlib (and cryptography) are imported only by a server that signs in through OIDC
+        from server.web.oidc import OidcSignin, oidc_routes
+
+        oidc = OidcSignin(settings.auth, signin)
+        sso_routes, sso_middleware = oidc_routes(oidc), [oidc.middleware()]
     operators = [Route("/healthz", healthz(settings)), Route("/readyz", readyz)]
     if settings.server.metrics:
         operators.append(Route("/metrics", metrics_endpoint(metrics)))
@@ -185,9 +181,11 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/events", events), WebSocketRoute("/ws", websocket_endpoint),
         Mount("/static", StaticFiles(directory=str(asset_folder("static"))), name="static"),
         Route("/api/sessions/{session_id}/images/{message_id}/{n:int}", session_image),
-        *api_routes(settings.server.max_import_bytes),
-    ], lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS)
-    app.add_middleware(BearerAuth, token=settings.server.auth_token)
+        *api_routes(settings.server.max_import_bytes), *signin_routes(signin),
+        *sso_routes,
+    ], lifespan=lifespan, exception_handlers=EXCEPTION_HANDLERS,
+        middleware=sso_middleware)
+    app.add_middleware(Authenticator, mode=mode, auth=settings.auth, token=settings.server.auth_token)
     app.add_middleware(AccessGuard, bind_host=settings.server.host,  # outermost: before auth
                        allowed_hosts=settings.server.allowed_hosts,
                        allowed_origins=settings.server.allowed_origins)
@@ -195,15 +193,58 @@ def create_app(settings: Settings | None = None) -> Starlette:
     return app
 
 
+async def watched_connection(websocket: WebSocket[AppState], viewer: Viewer) -> None:
+    """Serve the socket until it ends or its sign-in is revoked; then close it with 4401."""
+    with websocket.state["revocations"].track(viewer) as revoked:
+        async with anyio.create_task_group() as tasks:
+            async def close_when_revoked() -> None:
+                await revoked.wait()
+                tasks.cancel_scope.cancel()
+
+            tasks.start_soon(close_when_revoked)
+            await Connection(websocket, websocket.state["hub"], viewer.owner).run()
+            tasks.cancel_scope.cancel()
+        if revoked.is_set():
+            with contextlib.suppress(RuntimeError, OSError):
+                await websocket.close(code=TOKEN_REFUSED, reason="signed out")
+
+
 async def events(request: Request[AppState]) -> Response:
-    return StreamingResponse(sse_stream(request.state["bus"]), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
+    """The observer bus; a signed-in user's stream carries their own sessions' events (an admin's, all)."""
+    viewer = viewer_in(request.scope)
+    allowed = None
+    if viewer is not None and not viewer.sees_all_events:
+        allowed = OwnedSessions(request.state["store"], viewer)
+    return StreamingResponse(sse_stream(request.state["bus"], allowed=allowed),
+                             media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+class OwnedSessions:
+    """Whether a session is the viewer's, asked of the store once per session (an owner never changes)
+    and remembered for the last ``LIMIT`` sessions seen."""
+
+    LIMIT = 1024
+
+    def __init__(self, store: Store, viewer: Viewer) -> None:
+        self.store = store
+        self.viewer = viewer
+        self.known: dict[str, bool] = {}
+
+    async def __call__(self, session_id: str) -> bool:
+        if session_id not in self.known:
+            if len(self.known) >= self.LIMIT:
+                self.known.pop(next(iter(self.known)))
+            self.known[session_id] = self.viewer.sees(await self.store.session_owner(session_id))
+        return self.known[session_id]
 
 
 async def session_image(request: Request[AppState]) -> Response:
-    """An attached image, by URL (``server.sessions.views.image_url``); ``/api``'s token guards it."""
+    """An attached image, by URL (``server.sessions.views.image_url``); ``/api``'s guard covers it, and
+    another user's session answers as a missing one."""
     params = request.path_params
-    messages = await request.state["hub"].messages_of(params["session_id"])
+    viewer = viewer_in(request.scope)
+    owner = viewer.owner if viewer is not None else None
+    messages = await request.state["hub"].messages_of(params["session_id"], owner)
     return image_response(find_image(messages, params["message_id"], params["n"]))
 
 
@@ -217,28 +258,3 @@ def live_sessions_follow(hub: SessionHub) -> OnChange:
             await hub.renamed(session_id)
 
     return on_change
-
-
-# Built once: the answer is the same for every refused request.
-UNAUTHORIZED = JSONResponse(error_body("unauthorized", "bearer token required"), status_code=401)
-
-
-class BearerAuth:
-    """Bearer-token guard for ``/api`` and ``/events``; the socket checks for itself, since a
-    WebSocket with a wrong token is accepted and closed with 4401, not answered with a 401."""
-
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self.token = token
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and _guarded(scope["path"]) and \
-                not authorized(HTTPConnection(scope), self.token):
-            await UNAUTHORIZED(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
-def _guarded(path: str) -> bool:
-    return path.startswith("/api") or path in ("/events", "/metrics")
-

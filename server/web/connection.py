@@ -79,9 +79,10 @@ def join_run(run: list[Packet]) -> Packet:
 
 
 class Connection:
-    def __init__(self, websocket: WebSocket[Any], hub: SessionHub) -> None:
+    def __init__(self, websocket: WebSocket[Any], hub: SessionHub, owner: str | None = None) -> None:
         self.ws = websocket
         self.hub = hub
+        self.owner = owner  # the signed-in user's id: the only sessions this socket may open
         self.state = ConnState.AWAITING_HELLO
         self.session: Session | None = None
         self.outbox = Outbox(hub.rt.settings.server.max_outbox_bytes)
@@ -194,7 +195,8 @@ class Connection:
 
     async def hello(self, frame: ClientFrame) -> None:
         try:
-            self.session = await self.hub.attach(self.outbox, frame.get("session_id"), frame.get("last_seq"))
+            self.session = await self.hub.attach(self.outbox, frame.get("session_id"), frame.get("last_seq"),
+                                                 self.owner)
         except LiveUnavailable as exc:
             # The live stream is away: say so and close, so the client reconnects with its backoff
             # instead of waiting on a socket that will never open the session. A store outage is

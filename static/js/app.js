@@ -15,6 +15,7 @@ import { Welcome } from "./welcome.js";
 const $ = (id) => document.querySelector(`[data-testid="${id}"]`);
 const config = pageConfig();
 const authRequired = document.body.dataset.authRequired === "true";
+const authMode = document.body.dataset.authMode;
 const pathMatch = location.pathname.match(/^\/s\/([^/]+)\/?$/);
 
 takeTokenFromUrl();
@@ -215,6 +216,10 @@ function showBanner(message) {
 // it closes without a code, like a server that is down: on a token page, a socket closed before its
 // `session` frame is checked against the REST API, which answers 401 for a wrong token.
 function tokenRefused(event, greeted) {
+  if (authMode === "accounts" && event.code === 4401) {
+    location.assign("/signin"); // signed out here or elsewhere, disabled, or the password changed
+    return true;
+  }
   if (!authRequired) return false;
   if (event.code === 4401 || event.code === 1008) {
     tokenWrong();
@@ -249,6 +254,10 @@ $("token-form").addEventListener("submit", (event) => {
   connection.url = socketUrl();
   connection.reconnectSoon(0);
   sessions.refresh();
+});
+
+$("sign-out")?.addEventListener("click", () => {
+  api("/api/auth/signout", { method: "POST", body: {} }).finally(() => location.assign("/signin"));
 });
 
 // ----- sidebar and keys -----
