@@ -55,6 +55,7 @@ class Usage:
 
     input_tokens: int
     output_tokens: int
+    reasoning_tokens: int | None = None  # of output_tokens, spent on reasoning (None: not said)
 
 
 @dataclass(frozen=True)

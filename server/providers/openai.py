@@ -144,7 +144,10 @@ class _StreamState:
         self.model = chunk.get("model") or self.model
         usage = chunk.get("usage")
         if isinstance(usage, dict):
-            self.usage = Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+            details = usage.get("completion_tokens_details")
+            reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
+            self.usage = Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+                               reasoning if isinstance(reasoning, int) else None)
         out: list[StreamEvent] = []
         for choice in chunk.get("choices") or ():
             out += self._delta(choice.get("delta") or {})
