@@ -90,3 +90,26 @@ async def test_meter_on_code_replies_to_prose_questions_is_within_3_percent_from
     errors = [abs(figure - count) / count for figure, count in zip(figures, counts, strict=True)]
     # One ratio for both densities was 13-19 % under from turn 3 (the figures).
     assert max(errors[1:]) < 0.03, list(zip(figures, counts, strict=True))
+
+
+@pytest.mark.parametrize(("flavor", "window"), [("vllm_minus_max_tokens", 2048), ("vllm_old", 2048),
+                                                 ("llamacpp_text", 2048)])
+async def test_window_named_by_an_overflow_is_checked_against_max_tokens(
+    tmp_path: Any, fake_openai: FakeOpenAI, flavor: str, window: int
+) -> None:
+    # vLLM 0.15 rc named the window less max_tokens: "maximum context length is 3 tokens" for a
+    # 2048 window asked for 2045. A limit that cannot hold the reply is not the window.
+    profile = {"kind": "openai", "base_url": fake_openai.base_url, "model": "m", "discover_window": False,
+               "tools": False}
+    data = {"providers": {"p": profile}, "runtime": {"max_output_tokens": 2045}}
+    fake_openai.enqueue(Reply(text=["first answer"], usage=(40, 3)),
+                        FakeOpenAI.overflow(flavor, window=window, requested=2100, max_tokens=2045))
+    with serve(settings_for(tmp_path, data)) as address:
+        async with client(address) as c:
+            await c.hello()
+            await c.say("a first question")
+            frames = await c.say("a second question")
+    learned = [f for f in frames if f["type"] == "notice" and f["code"] == "window_learned"]
+    assert learned and f"{window:,} tokens" in learned[0]["message"], frames
+    sends = [f for f in frames if f["type"] == "context" and f.get("model_context_window")]
+    assert sends and {f["model_context_window"] for f in sends} == {window}

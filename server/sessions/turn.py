@@ -40,7 +40,7 @@ from server.providers.base import (
     ToolSpec,
     Usage,
 )
-from server.routing.calibration import plausible
+from server.routing.calibration import named_window, plausible
 from server.routing.meter import Reading, next_anchor, reply_tokens
 from server.routing.resolver import Route
 from server.sessions.compaction_runner import Compaction, NoCompaction
@@ -145,11 +145,11 @@ class Turn:
         if sent is not None and plausible(sent.estimate, counted):
             self.rt.resolver.calibration.observe(self.route, sent.estimate, counted)
             self.anchor(sent.estimate, counted)
-        if overflow.limit_tokens and await self.rt.resolver.learn_window(self.route, overflow.limit_tokens):
+        window = named_window(overflow.limit_tokens or 0, self.options.max_output_tokens)
+        if window and await self.rt.resolver.learn_window(self.route, window):
             self.emit("notice", code="window_learned", turn_id=self.turn_id, message=(
                 f"{self.route.name} refused the request for context length and named its window: "
-                f"{overflow.limit_tokens:,} tokens. The meter shows it and meterchat trims to it "
-                f"from now on."))
+                f"{window:,} tokens. The meter shows it and meterchat trims to it from now on."))
 
     # --- the loop -----------------------------------------------------------------------------
 

@@ -103,9 +103,11 @@ class FakeOpenAI(FakeProvider):
         return ""
 
     @staticmethod
-    def overflow(flavor: str = "openai", window: int = 8192, requested: int = 9000) -> Reply:
-        """The context-overflow error of ``openai``, ``vllm_old``, ``vllm_new`` or ``llamacpp``
-        (``llamacpp_500`` for the older status)."""
+    def overflow(flavor: str = "openai", window: int = 8192, requested: int = 9000,
+                 max_tokens: int = 256) -> Reply:
+        """The context-overflow error of ``openai``, ``vllm_old``, ``vllm_new``, ``vllm_max_tokens``,
+        ``vllm_minus_max_tokens`` (a window less ``max_tokens``, as vLLM 0.15 rc said), ``llamacpp``
+        (``llamacpp_500`` for the older status, ``llamacpp_text`` without the count fields)."""
         if flavor == "openai":
             message = (f"This model's maximum context length is {window} tokens. However, your messages "
                        f"resulted in {requested} tokens. Please reduce the length of the messages.")
@@ -118,8 +120,24 @@ class FakeOpenAI(FakeProvider):
             error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
             body = {"object": "error", **error} if flavor == "vllm_old" else {"error": error}
             return Reply(status=400, body=body)
-        if flavor in ("llamacpp", "llamacpp_500"):
-            error = {"code": 400, "message": "the request exceeds the available context size, try increasing "
-                     "it", "type": "exceed_context_size_error", "n_prompt_tokens": requested, "n_ctx": window}
+        if flavor == "vllm_max_tokens":  # the prompt fits, prompt + max_tokens does not
+            message = (f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
+                       f"maximum context length is {window} tokens and your request has {requested} input "
+                       f"tokens ({max_tokens} > {window} - {requested}). None")
+            return Reply(status=400, body={"error": {"message": message, "type": "BadRequestError",
+                                                     "param": None, "code": 400}})
+        if flavor == "vllm_minus_max_tokens":  # vLLM 0.15 rc (#33418): it named the window less max_tokens
+            message = (f"This model's maximum context length is {window - max_tokens} tokens. However, you "
+                       f"requested {requested} tokens ({requested - max_tokens} in the messages, "
+                       f"{max_tokens} in the completion). Please reduce the length of the messages or "
+                       "completion.")
+            return Reply(status=400, body={"error": {"message": message, "type": "BadRequestError",
+                                                     "param": None, "code": 400}})
+        if flavor in ("llamacpp", "llamacpp_500", "llamacpp_text"):
+            # tools/server/server-task.cpp's wording; a build without the fields keeps only the text
+            error = {"code": 400, "message": f"request ({requested} tokens) exceeds the available context "
+                     f"size ({window} tokens), try increasing it", "type": "exceed_context_size_error"}
+            if flavor != "llamacpp_text":
+                error |= {"n_prompt_tokens": requested, "n_ctx": window}
             return Reply(status=500 if flavor == "llamacpp_500" else 400, body={"error": error})
         raise ValueError(f"unknown overflow flavor {flavor!r}")
