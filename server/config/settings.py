@@ -143,6 +143,10 @@ class ProviderProfile:
     delay_ms: int = setting(25, "demo only: pause between streamed pieces.")
     tools: bool = setting(True, "Offer the built-in tools to this provider's models.")
     num_ctx: int = setting(0, "ollama only: options.num_ctx sent with each call; 0 = server default.")
+    count_endpoint: str = setting(
+        "auto", "`auto`: between turns, ask the provider's count endpoint (vLLM or llama.cpp "
+        "/tokenize, OpenAI /v1/responses/input_tokens, Anthropic /v1/messages/count_tokens) for the next "
+        "request's exact count, once per provider remembering a 404; `off`: never.")
 
     @property
     def api_key(self) -> str:

@@ -63,6 +63,7 @@ class Anchor:
     # else its first whole-request ratio (the route's calibration mixes every session's content, and
     # a whole request's ratio is pulled by the tool schemas).
     base: float | None = None
+    source: str = "provider"  # the meter's tokens_source while nothing was added since the count
 
     @property
     def step(self) -> float | None:
@@ -91,6 +92,14 @@ def next_anchor(previous: Anchor | None, raw: int, reported: int) -> Anchor:
     if previous is not None:
         return previous.then(raw, reported)
     return Anchor(raw, reported, base=min(RATIO_MAX, max(RATIO_MIN, reported / raw)) if raw > 0 else None)
+
+
+def count_anchor(previous: Anchor | None, raw: int, tokens: int) -> Anchor:
+    """The anchor on a count endpoint's figure for the request estimated at ``raw``: the ratios
+    this session learned are kept (the count says nothing about the price of what comes next)."""
+    fresh = next_anchor(None, raw, tokens)
+    base = previous.base if previous is not None and previous.base else fresh.base
+    return Anchor(raw, tokens, previous.ratio if previous else None, base=base, source="provider_count")
 
 
 def reply_tokens(usage: Usage, thinking: bool) -> int | None:
@@ -192,7 +201,7 @@ class Meter:
         """The ``context`` frame; ``trimmed``: the raw tokens trims and compaction left out."""
         preview = self.preview(reading, ledger) if reported is None else None
         if reported is None:
-            source = "provider" if reading.counted else "estimate"
+            source = reading.anchor.source if reading.counted and reading.anchor else "estimate"
             tokens_used = reading.figure
         else:
             tokens_used, source = reported, "provider"
