@@ -170,3 +170,16 @@ async def test_a_stale_count_is_dropped(tmp_path: Any, fake_openai: FakeProvider
              "tools": fake_openai.count_requests[-1].json["tools"]})
     finally:
         hold.set()
+
+
+async def test_window_named_by_a_count_is_the_routes_discovered_window(
+    tmp_path: Any, fake_openai: FakeProvider
+) -> None:
+    fake_openai.counter, fake_openai.count_window = "llamacpp", 12288  # /props' n_ctx
+    profile = {"kind": "openai", "base_url": fake_openai.base_url, "model": "m"}  # /v1/models: no card
+    with serve(settings_for(tmp_path, {"providers": {"p": profile}})) as address:
+        async with client(address) as c:
+            opened = await c.hello()
+            counted = await counted_frame(c)
+    assert "model_context_window" not in opened[-1]  # nothing published it
+    assert (counted["model_context_window"], counted["window_source"]) == (12288, "provider")

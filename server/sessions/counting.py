@@ -12,6 +12,8 @@ shared preamble) is counted in the background. Contract:
   bounds the whole), else nothing.
 - Stale answers are dropped: a count is used only if, when it comes, no turn is running and the
   session's route and estimate are what was counted.
+- A window named in the same answer (vLLM's ``max_model_len``, llama.cpp's ``n_ctx``) is the route's
+  discovered window (``window_source: "provider"``) where ``discover_window`` is on.
 - A count becomes the route's anchor (``Anchor(raw, count, source="provider_count")``, keeping the
   ratios learned) and a ``context`` frame (``reason: "count"``) whose ``tokens_source`` says
   ``provider_count``. The next send is then that count plus the new message's estimate.
@@ -78,7 +80,11 @@ class Counts:
         counted: TokenCount | None = None
         with anyio.move_on_after(COUNT_SECONDS):
             counted = await self.rt.providers[route.provider].count_tokens(request)
-        if counted is None or session.busy or session.route != route:
+        if counted is None:
+            return False
+        if counted.window:  # the same answer named the window (used where discovery is on)
+            self.rt.resolver.discovered(route, counted.window)
+        if session.busy or session.route != route:
             return False
         reading = await session.read_meter(route)
         if reading.estimate != before.estimate:
