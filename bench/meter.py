@@ -3,16 +3,20 @@
     python bench/meter.py [--quick] [--verbose]
 
 A real meterchat server (in a thread) talks to the fake OpenAI provider (``tests/fakes``, a real
-HTTP server on 127.0.0.1) whose tokenizer is nothing like meterchat's estimate: 1.3 tokens a word or
-punctuation mark, 3 a message, 765 an image, tool schemas at 3.8 bytes a token. The fake enforces a
-window per model and refuses a longer prompt with OpenAI's overflow error, which names the window.
+HTTP server on 127.0.0.1) whose tokenizer is nothing like meterchat's estimate: 1.3 tokens a word,
+punctuation mark or CJK character, 3 a message, 765 an image, tool schemas at 3.8 bytes a token. Its
+``completion_tokens`` is its own count of the reply (as a provider's is). The fake enforces a window
+per model and refuses a longer prompt with OpenAI's overflow error, which names the window.
 Scripted conversations (short chat, long replies, tool loops with long results, images, a switch to
-a smaller model, a model whose window is not published) are replayed, and for every provider call
-the bench pairs the ``context`` frame sent before it (``reason: "send"``) with the fake's count.
+a smaller model, a model whose window is not published, and mixed densities: code replies to prose
+questions, a JSON tool result, CJK text) are replayed, and for every provider call the bench pairs
+the ``context`` frame sent before it (``reason: "send"``) with the fake's count.
 
-Printed per scenario: the error's median and worst case from the third turn on, and the sends the
-provider refused for length although the meter had shown them as fitting (window known; and window
-unknown, where "fitting" means within the trimming budget). ``--verbose`` prints every call.
+Printed per scenario: the error's median and worst case from the second turn on (and the worst of
+the first turn, before any count), and the sends the provider refused for length although the meter
+had shown them as fitting (window known; and window unknown, where "fitting" means within the
+trimming budget). ``--verbose`` prints every call. The bench adds a tool of its own,
+``query_records`` (a JSON result), to the built-in tools of the server it runs in.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import anyio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from server.providers.base import ToolSpec  # noqa: E402
+from server.tools.demo import BUILTIN_TOOLS  # noqa: E402
 from tests.fakes.base import Call, Reply, running  # noqa: E402
 from tests.fakes.openai_fake import FakeOpenAI  # noqa: E402
 from tests.support import client, serve, settings_for  # noqa: E402
@@ -41,6 +47,14 @@ WINDOWS = {"big": 32768, "small": 4096, "open": 8192}  # what the fake enforces
 PNG = {"media_type": "image/png", "data": "iVBORw0KGgo="}
 WORDS = ("meter context window budget token estimate provider reply history trim route model "
          "anchor calibration session breadcrumb summary image schema tool result").split()
+CJK = "上下文窗口预算令牌估计提供者回复历史修剪路由模型锚点校准会话摘要图像工具结果"
+_CJK_RANGES = "\u3000-\u9fff\uac00-\ud7af"
+# A CJK character is a token of its own (as in real tokenizers); other words and marks as before.
+_TOKENS = re.compile(rf"[{_CJK_RANGES}]|[^\W{_CJK_RANGES}]+|[^\w\s]")
+
+
+def fake_tokens(text: str) -> int:
+    return math.ceil(1.3 * len(_TOKENS.findall(text)))
 
 
 def fake_count(body: dict[str, Any]) -> int:
@@ -53,15 +67,44 @@ def fake_count(body: dict[str, Any]) -> int:
             if part.get("type") == "image_url":
                 total += 765
             else:
-                total += math.ceil(1.3 * len(re.findall(r"\w+|[^\w\s]", part.get("text", ""))))
+                total += fake_tokens(part.get("text", ""))
         for call in message.get("tool_calls") or ():
-            total += math.ceil(1.3 * len(re.findall(r"\w+|[^\w\s]", json.dumps(call["function"]))))
+            total += fake_tokens(json.dumps(call["function"]))
     return total + math.ceil(len(json.dumps(body.get("tools") or [])) / 3.8)
 
 
 def prose(words: int, seed: int) -> str:
     return " ".join(WORDS[(seed * 7 + n * 3) % len(WORDS)] + ("." if n % 11 == 10 else "")
                     for n in range(words))
+
+
+def code(tokens: int, seed: int) -> str:
+    """Short dense tokens, as code is (``w1-0 w1-1 ...`` counts three tokens in six bytes)."""
+    return " ".join(f"w{seed}-{n}" + ("\n" if n % 8 == 7 else "") for n in range(tokens))
+
+
+def cjk(chars: int, seed: int) -> str:
+    return "".join(CJK[(seed * 5 + n * 7) % len(CJK)] + ("。" if n % 20 == 19 else "") for n in range(chars))
+
+
+async def query_records(arguments: dict[str, Any]) -> str:
+    """The bench's JSON tool: records as an API would return them."""
+    rows = [{"id": n, "name": f"record-{n}", "score": round(n / 7, 3), "tags": ["a", "b"][: n % 3],
+             "active": n % 2 == 0} for n in range(int(arguments.get("limit", 40)))]
+    return json.dumps({"records": rows, "next": None})
+
+
+QUERY_RECORDS = ToolSpec("query_records", "Query the records table; returns JSON.",
+                         {"type": "object", "properties": {"limit": {"type": "integer"}}})
+
+
+def reply_text(kind: str, length: int, seed: int) -> str:
+    return {"code": code, "cjk": cjk}.get(kind, prose)(length, seed)
+
+
+def call_function(call: Call) -> dict[str, Any]:
+    """A tool call's function as meterchat sends it back in the next request."""
+    return {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}
 
 
 @dataclass
@@ -79,11 +122,16 @@ class Fake:
             return FakeOpenAI.overflow(window=window, requested=count)
         last = body["messages"][-1]
         text = last.get("content") if isinstance(last.get("content"), str) else ""
-        if last["role"] == "user" and body.get("tools") and "look up" in text:
-            return Reply(tool_calls=[Call("lookup_document", {"title": "paper moon"})], usage=(count, 12))
-        asked = re.search(r"reply (\d+)", "".join(p.get("text", "") for p in _parts(last)))
+        if last["role"] == "user" and body.get("tools"):
+            call = (Call("lookup_document", {"title": "paper moon"}) if "look up" in text
+                    else Call("query_records", {"limit": 40}) if "query records" in text else None)
+            if call is not None:
+                return Reply(tool_calls=[call], usage=(count, fake_tokens(json.dumps(call_function(call)))))
+        asked = re.search(r"reply (\d+)(?: (code|cjk))?", "".join(p.get("text", "") for p in _parts(last)))
         length = int(asked.group(1)) if asked and last["role"] == "user" else 40
-        return Reply(text=[prose(length, len(self.counts))], usage=(count, length))
+        answer = reply_text(asked.group(2) or "" if asked and last["role"] == "user" else "", length,
+                            len(self.counts))
+        return Reply(text=[answer], usage=(count, fake_tokens(answer)))
 
 
 def _parts(message: dict[str, Any]) -> list[dict[str, Any]]:
@@ -105,7 +153,14 @@ def scenarios(turns: int) -> dict[str, tuple[str, list[tuple[str, Any]]]]:
                               + [("switch", "p/small")]
                               + [say(f"and now {n}? reply 200") for n in range(max(3, turns // 2))]),
         "unknown window": ("p/open", [say(f"{prose(200, n)} reply 500") for n in range(turns + 4)]),
+        "mixed densities": ("p/big", [say(mixed_question(n)) for n in range(turns)]),
     }
+
+
+def mixed_question(n: int) -> str:
+    """Prose questions answered in code, a JSON tool result, CJK questions and answers, in turn."""
+    return [f"{prose(30, n)}? reply 250 code", f"query records for part {n}, then sum them. reply 60",
+            f"{cjk(60, n)}？ reply 120 cjk", f"{prose(50, n)}. reply 40"][n % 4]
 
 
 @dataclass
@@ -154,27 +209,30 @@ def _collect(result: Result, turn: int, frames: list[dict[str, Any]], counts: li
 
 
 def summary(name: str, result: Result) -> str:
-    errors = [abs(s.figure - s.count) / s.count for s in result.sends if s.turn >= 3]
+    errors = [abs(s.figure - s.count) / s.count for s in result.sends if s.turn >= 2]
+    first = [abs(s.figure - s.count) / s.count for s in result.sends if s.turn == 1]
     fitting_known = sum(1 for s in result.sends if s.overflowed and s.window and s.figure <= s.window)
     fitting_unknown = sum(1 for s in result.sends if s.overflowed and not s.window and s.figure <= s.budget)
     overflows = sum(1 for s in result.sends if s.overflowed)
     median = f"{statistics.median(errors):.1%}" if errors else "-"
     worst = f"{max(errors):.1%}" if errors else "-"
-    return (f"| {name} | {len(result.sends)} | {median} | {worst} | {overflows} | {fitting_known} | "
-            f"{fitting_unknown} | {result.refused} |")
+    first_worst = f"{max(first):.1%}" if first else "-"
+    return (f"| {name} | {len(result.sends)} | {first_worst} | {median} | {worst} | {overflows} | "
+            f"{fitting_known} | {fitting_unknown} | {result.refused} |")
 
 
 async def run(turns: int, verbose: bool) -> None:
     fake = Fake()
+    BUILTIN_TOOLS[QUERY_RECORDS.name] = (QUERY_RECORDS, query_records)  # the server runs in this process
     with running(FakeOpenAI(), "/v1") as provider, tempfile.TemporaryDirectory() as tmp:
         provider.default = fake.reply
         data = {"providers": {"p": {"kind": "openai", "base_url": provider.base_url, "model": "big",
                                     "context_window": WINDOWS["big"], "discover_window": False,
                                     "models": {"small": WINDOWS["small"], "open": 0}}}}
         with serve(settings_for(Path(tmp), data)) as address:
-            print("| scenario | calls | median error (turn 3+) | worst (turn 3+) | overflows | "
-                  "overflowed, shown fitting (window known) | same, window unknown | refused |")
-            print("|---|---|---|---|---|---|---|---|")
+            print("| scenario | calls | worst (turn 1) | median error (turn 2+) | worst (turn 2+) | "
+                  "overflows | overflowed, shown fitting (window known) | same, window unknown | refused |")
+            print("|---|---|---|---|---|---|---|---|---|")
             for name, (route, steps) in scenarios(turns).items():
                 result = await replay(address, fake, route, steps)
                 print(summary(name, result))

@@ -51,7 +51,7 @@ SERVER_FRAMES: dict[str, tuple[str, ...]] = {
     "notice": ("code", "message", "turn_id?"),
 }
 
-CONTEXT_REASONS = ("hello", "switch", "hint", "send", "trim", "usage", "done", "restore")
+CONTEXT_REASONS = ("hello", "switch", "hint", "send", "trim", "usage", "done", "restore", "count")
 TRIM_REASONS = ("token_budget", "turn_limit", "overflow_recovery", "compaction")
 NOTICE_CODES = ("provider_truncated", "reply_truncated", "store_recovered", "window_learned", "unknown_hint",
                 "unknown_route")

@@ -171,7 +171,8 @@ async def test_openai_bad_tool_arguments_are_a_protocol_error(
 @pytest.mark.parametrize(
     ("flavor", "status", "requested", "limit"),
     [("openai", 400, 9000, 8192), ("vllm_old", 400, 9000, 8192), ("vllm_new", 400, 9000, 8192),
-     ("llamacpp", 400, 9000, 8192), ("llamacpp_500", 500, 9000, 8192)],
+     ("llamacpp", 400, 9000, 8192), ("llamacpp_500", 500, 9000, 8192), ("llamacpp_text", 400, 9000, 8192),
+     ("vllm_max_tokens", 400, 7000, 8192)],
 )
 async def test_openai_overflow_of_each_server_is_context_overflow(
     fake_openai: FakeOpenAI, provider: OpenAIProvider, flavor: str, status: int, requested: int, limit: int
@@ -181,6 +182,17 @@ async def test_openai_overflow_of_each_server_is_context_overflow(
     assert isinstance(error, ContextOverflow)
     assert (error.requested_tokens, error.limit_tokens, error.status) == (requested, limit, status)
     assert error.message.startswith(f"local: HTTP {status}: ")
+
+
+async def test_llamacpp_overflow_fields_outrank_its_wording(
+    fake_openai: FakeOpenAI, provider: OpenAIProvider
+) -> None:
+    error = {"code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": 5000, "n_ctx": 4096,
+             "message": "request (1 tokens) exceeds the available context size (2 tokens), try increasing it"}
+    fake_openai.enqueue(Reply(status=400, body={"error": error}))
+    _, overflow = await drain(provider.stream(HELLO))
+    assert isinstance(overflow, ContextOverflow)
+    assert (overflow.requested_tokens, overflow.limit_tokens) == (5000, 4096)
 
 
 async def test_openai_error_event_after_200_keeps_partial_text(

@@ -15,6 +15,7 @@ from server.config.settings import McpServerSettings, ProviderProfile, Setting
 from server.errors import ConfigError
 
 PROVIDER_KINDS = ("openai", "anthropic", "ollama", "demo")
+COUNT_ENDPOINT = ("auto", "off")
 COMPACTION_STRATEGIES = ("none", "truncation", "summarization")
 
 # Server bounds that must be positive (idle_timeout_seconds takes 0 for "never").
@@ -54,6 +55,9 @@ def check_provider(prefix: str, values: Mapping[str, Any]) -> None:
     if values["kind"] not in PROVIDER_KINDS:
         raise ConfigError(f"{prefix}.kind: expected one of {', '.join(PROVIDER_KINDS)}, "
                           f"got {values['kind']!r}")
+    if values.get("count_endpoint", "auto") not in COUNT_ENDPOINT:
+        raise ConfigError(f"{prefix}.count_endpoint: expected one of {', '.join(COUNT_ENDPOINT)}, "
+                          f"got {values['count_endpoint']!r}")
     if values["kind"] in ("openai", "anthropic", "ollama") and not values["base_url"]:
         raise ConfigError(f"{prefix}.base_url: required for kind {values['kind']!r}")
     check_positive(prefix, values, POSITIVE_PROVIDER_SETTINGS)

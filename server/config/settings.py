@@ -179,6 +179,10 @@ class ProviderProfile:
         True, "true = every [mcp_servers] server (a demo provider also gets the built-in lookup); "
         "false = none; or a list of server names and \"server/tool\" names.")
     num_ctx: int = setting(0, "ollama only: options.num_ctx sent with each call; 0 = server default.")
+    count_endpoint: str = setting(
+        "auto", "`auto`: between turns, ask the provider's count endpoint (vLLM or llama.cpp "
+        "/tokenize, OpenAI /v1/responses/input_tokens, Anthropic /v1/messages/count_tokens) for the next "
+        "request's exact count, once per provider remembering a 404; `off`: never.")
 
     @property
     def api_key(self) -> str:

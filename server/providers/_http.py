@@ -27,7 +27,7 @@ import httpx
 
 from server.config.settings import ProviderProfile
 from server.errors import ProtocolError, ProviderError
-from server.providers.base import StreamEvent
+from server.providers.base import ProviderRequest, StreamEvent, TokenCount
 from server.providers.decoders import LineTooLong
 from server.providers.redact import redact, short_message
 from server.providers.text import TextGuard
@@ -116,18 +116,29 @@ async def get_json(client: httpx.AsyncClient, method: str, url: str, *,
                    seconds: float = METADATA_SECONDS) -> Any:
     """A small metadata call; None on any failure, on a body over ``MAX_METADATA_BODY`` and when the
     whole call takes over ``seconds`` (discovery never raises, and never holds a turn for long)."""
+    status, value = await fetch_json(client, method, url, headers=headers, body=body, seconds=seconds)
+    return value if status == 200 else None
+
+
+async def fetch_json(client: httpx.AsyncClient, method: str, url: str, *,
+                     headers: Mapping[str, str], body: Any = None,
+                     seconds: float = METADATA_SECONDS) -> tuple[int | None, Any]:
+    """(HTTP status, the JSON of a 200 body or None), with ``get_json``'s bounds; the status is None
+    when no answer came (a transport failure, or ``seconds`` passed)."""
+    status: int | None = None
     raw, whole = b"", False
     with anyio.move_on_after(seconds):
         try:
             async with client.stream(method, url, headers=headers, json=body) as response:
-                if response.status_code == 200:
+                status = response.status_code
+                if status == 200:
                     raw, whole = await read_head(response, MAX_METADATA_BODY, seconds)
         except httpx.HTTPError:
-            return None
+            return None, None
     try:
-        return json.loads(raw) if whole else None
+        return status, json.loads(raw) if whole else None
     except ValueError:
-        return None
+        return status, None
 
 
 class Decoder(Protocol):
@@ -206,6 +217,10 @@ class HttpProvider:
                                 ) from exc
         except ProviderError as exc:
             raise self._cleaned(exc) from exc.__cause__
+
+    async def count_tokens(self, request: ProviderRequest) -> TokenCount | None:
+        """No count endpoint unless the dialect has one."""
+        return None
 
     def _cleaned(self, exc: ProviderError) -> ProviderError:
         """The error as a frame may show it: short, redacted; the whole text to the DEBUG log."""

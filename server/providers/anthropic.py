@@ -10,7 +10,8 @@ cache_read_input_tokens), ``content_block_start/delta/stop`` (text_delta, thinki
 input_json_delta joined and parsed at block stop), ``message_delta`` (cumulative output_tokens,
 stop_reason), ``message_stop``; ``ping`` and unknown types are ignored; an ``error`` event after
 HTTP 200 is translated (overloaded_error -> Overloaded, ...). Out: deltas and tool calls as they
-complete, then one Usage and Finish at ``message_stop``. No window discovery (None).
+complete, then one Usage and Finish at ``message_stop``. No window discovery (None). Counts
+(``count_endpoint``): ``POST /v1/messages/count_tokens`` (``counts.py``).
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ from server.providers.base import (
     StreamEvent,
     TextDelta,
     ThinkingDelta,
+    TokenCount,
     ToolCallEvent,
     Usage,
     WindowInfo,
 )
+from server.providers.counts import anthropic_count
 from server.providers.decoders import SSEDecoder, SSEEvent
 from server.providers.translate import translate_error
 
@@ -181,6 +184,7 @@ class _StreamState:
 
 class AnthropicProvider(_http.HttpProvider):
     kind = "anthropic"
+    _no_count = False  # the count endpoint answered 404
 
     def _headers(self) -> dict[str, str]:
         headers = {"anthropic-version": API_VERSION}
@@ -194,3 +198,11 @@ class AnthropicProvider(_http.HttpProvider):
 
     async def context_window(self, model: str) -> WindowInfo | None:
         return None  # no metadata endpoint we rely on; windows come from the settings
+
+    async def count_tokens(self, request: ProviderRequest) -> TokenCount | None:
+        if self.profile.count_endpoint == "off" or self._no_count:
+            return None
+        status, count = await anthropic_count(self._client, self._url("/v1/messages/count_tokens"),
+                                              self._headers(), request_body(request))
+        self._no_count = status == 404  # an Anthropic-style proxy without it: asked once
+        return count

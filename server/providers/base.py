@@ -55,6 +55,7 @@ class Usage:
 
     input_tokens: int
     output_tokens: int
+    reasoning_tokens: int | None = None  # of output_tokens, spent on reasoning (None: not said)
 
 
 @dataclass(frozen=True)
@@ -73,11 +74,26 @@ class WindowInfo:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class TokenCount:
+    """A provider's own count of a whole request (``endpoint`` names the call that gave it), and the
+    window when the same answer names it (vLLM's ``max_model_len``, llama.cpp's ``n_ctx``)."""
+
+    tokens: int
+    endpoint: str
+    window: int | None = None
+
+
 class Provider(Protocol):
     kind: str
 
     def stream(self, request: ProviderRequest) -> AsyncGenerator[StreamEvent, None]: ...
 
     async def context_window(self, model: str) -> WindowInfo | None: ...
+
+    async def count_tokens(self, request: ProviderRequest) -> TokenCount | None:
+        """The provider's count of ``request`` from its count endpoint; None when it has none, or
+        when the profile's ``count_endpoint`` is off. Never raises."""
+        ...
 
     async def aclose(self) -> None: ...

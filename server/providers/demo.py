@@ -27,6 +27,7 @@ from server.providers.base import (
     StreamEvent,
     TextDelta,
     ThinkingDelta,
+    TokenCount,
     ToolCallEvent,
     Usage,
     WindowInfo,
@@ -71,6 +72,9 @@ class DemoProvider:
 
     async def context_window(self, model: str) -> WindowInfo | None:
         return None  # the demo publishes no metadata: capacity comes from configuration only
+
+    async def count_tokens(self, request: ProviderRequest) -> TokenCount | None:
+        return None  # nothing to ask: the demo's count is its own estimate
 
     async def aclose(self) -> None:
         return None

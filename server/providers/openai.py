@@ -9,6 +9,9 @@ ThinkingDelta; ``delta.tool_calls`` fragments are joined per ``index`` and yield
 when the choice finishes; the usage chunk (``choices`` empty or null) -> Usage; then Finish, always
 last. A stream that closes before ``[DONE]`` raises Unavailable after the text already yielded.
 
+Counts (``count_endpoint``): vLLM's or llama.cpp's ``/tokenize``, else OpenAI's
+``/v1/responses/input_tokens`` (``counts.py``).
+
 Window discovery: ``GET {base_url}/models``; vLLM cards carry ``max_model_len``, OpenRouter cards
 ``context_length`` or ``top_provider.context_length``; plain OpenAI cards carry nothing (None).
 """
@@ -20,6 +23,9 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+
+from server.config.settings import ProviderProfile
 from server.errors import ProtocolError
 from server.history.messages import ChatMessage
 from server.providers import _http
@@ -29,11 +35,13 @@ from server.providers.base import (
     StreamEvent,
     TextDelta,
     ThinkingDelta,
+    TokenCount,
     ToolCallEvent,
     ToolSpec,
     Usage,
     WindowInfo,
 )
+from server.providers.counts import OpenAICompatibleCounter
 from server.providers.decoders import SSEDecoder, SSEEvent
 from server.providers.translate import translate_error
 
@@ -144,7 +152,10 @@ class _StreamState:
         self.model = chunk.get("model") or self.model
         usage = chunk.get("usage")
         if isinstance(usage, dict):
-            self.usage = Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+            details = usage.get("completion_tokens_details")
+            reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
+            self.usage = Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+                               reasoning if isinstance(reasoning, int) else None)
         out: list[StreamEvent] = []
         for choice in chunk.get("choices") or ():
             out += self._delta(choice.get("delta") or {})
@@ -193,6 +204,16 @@ class _StreamState:
 
 class OpenAIProvider(_http.HttpProvider):
     kind = "openai"
+
+    def __init__(self, profile: ProviderProfile, client: httpx.AsyncClient | None = None) -> None:
+        super().__init__(profile, client)
+        self._counter = OpenAICompatibleCounter(self._client, profile.base_url, self._headers())
+
+    async def count_tokens(self, request: ProviderRequest) -> TokenCount | None:
+        if self.profile.count_endpoint == "off":
+            return None
+        tools = wire_tools(request.tools) if request.tools else []
+        return await self._counter.count(request, wire_messages(request.messages), tools)
 
     def stream(self, request: ProviderRequest) -> AsyncGenerator[StreamEvent, None]:
         return self._run("/chat/completions", request_body(request), _StreamState(self.profile.alias),

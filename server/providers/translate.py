@@ -14,11 +14,13 @@ become ``server.errors`` classes (``_http`` calls it at the boundary; dialects f
 
 ``overflow_signal`` is the one context-overflow recogniser for all dialects: OpenAI
 ``error.code == "context_length_exceeded"``; llama.cpp ``error.type == "exceed_context_size_error"``
-(400 or 500, with ``n_prompt_tokens``/``n_ctx``); vLLM's "maximum context length ... you requested M
-tokens" (top-level ``{"object": "error"}`` or nested ``error``); Anthropic's "prompt is too long: N
-tokens > M maximum"; Ollama's "the input length exceeds the context length" and kin. Every message
-names the provider alias and the HTTP status; ``_http`` shortens and redacts it (``redact.py``) before
-it leaves the provider layer.
+(400 or 500; its ``n_prompt_tokens``/``n_ctx`` fields read first, "request (N tokens) exceeds the
+available context size (M tokens)" only when a field is missing); vLLM's "maximum context length
+... you requested M tokens" (top-level ``{"object": "error"}`` or nested ``error``), its "'max_tokens'
+is too large ... your request has N input tokens" and "context length is only N tokens"; Anthropic's
+"prompt is too long: N tokens > M maximum"; Ollama's "the input length exceeds the context length"
+and kin. Every message names the provider alias and the HTTP status; ``_http`` shortens and redacts
+it (``redact.py``) before it leaves the provider layer.
 """
 
 from __future__ import annotations
@@ -51,8 +53,10 @@ _OVERFLOW_TEXT = re.compile(
 )
 # (?<!\d): a number is read from its first digit; tried at every digit of a long run, "(\d+) maximum"
 # was quadratic.
-_LIMIT = re.compile(r"maximum context length is (\d+)|(?<!\d)(\d+) maximum|context length of (\d+)", re.I)
-_REQUESTED = re.compile(r"(?:resulted in|requested|too long:) (\d+) tokens", re.I)
+_LIMIT = re.compile(r"context length is (?:only )?(\d+)|(?<!\d)(\d+) maximum|context length of (\d+)"
+                    r"|context size \((\d+) tokens\)", re.I)
+_REQUESTED = re.compile(r"(?:resulted in|requested|too long:) (\d+) tokens|request \((\d+) tokens\)"
+                        r"|request has (\d+) input tokens", re.I)
 _NOT_OVERFLOW_STATUS = (401, 403, 404, 429, 503, 529)
 CUT_BODY_CHARS = 200  # of a body too long to read whole: a proxy's page, a dump
 KIND_CHARS = 200  # an error type is a short identifier; anything longer is shown cut
@@ -101,8 +105,10 @@ def _first_group(pattern: re.Pattern[str], text: str) -> int | None:
 def overflow_signal(status: int | None, payload: Any) -> Overflow | None:
     """The context-overflow recogniser shared by every dialect; None when this is not an overflow."""
     message, kind, code, error = error_parts(payload)
-    if kind == "exceed_context_size_error":
-        return Overflow(_int(error.get("n_prompt_tokens")), _int(error.get("n_ctx")))
+    if kind == "exceed_context_size_error":  # llama.cpp: its fields first, its wording (which
+        # changes between builds) only for a field a build left out
+        return Overflow(_int(error.get("n_prompt_tokens")) or _first_group(_REQUESTED, message),
+                        _int(error.get("n_ctx")) or _first_group(_LIMIT, message))
     structural = code == "context_length_exceeded"
     if not structural and (status in _NOT_OVERFLOW_STATUS or not _OVERFLOW_TEXT.search(message)):
         return None

@@ -106,5 +106,15 @@ def plausible(estimate: int, reported: int) -> bool:
     return estimate > 0 and reported > 0 and RATIO_MIN <= reported / estimate <= RATIO_MAX
 
 
+def named_window(limit: int, max_tokens: int | None) -> int:
+    """The window an overflow error named, checked against the request's ``max_tokens``. A limit
+    that cannot hold even the reply asked for is the window less ``max_tokens`` (vLLM 0.15 rc said
+    "maximum context length is 3 tokens" of a 2048 window with max_tokens 2045, vllm#33418); any
+    larger limit is taken as said (too low by max_tokens at worst: trims come early, never late)."""
+    if max_tokens and 0 < limit <= max_tokens:
+        return limit + max_tokens
+    return limit
+
+
 def _key(route: _Named | str) -> str:
     return route if isinstance(route, str) else route.name

@@ -7,8 +7,11 @@ tool schemas; ``server.history.messages``'s bytes/4 heuristic) and turns it into
 
 - anchored: when the provider counted an earlier request of this session on this route, the figure
   is that count plus the calibrated estimate of everything added (or dropped) since:
-  ``reported + ceil(ratio * (raw - raw_then))``. The reply just written and the next message are
-  exactly the "added since", so the meter after a turn is the next send's figure, not the last one's.
+  ``reported + ceil(ratio * (raw - raw_then))``. The reply to that request is counted too: the
+  provider said how many tokens it wrote (``completion_tokens``, ``output_tokens``, ``eval_count``),
+  so the anchor moves past it (``Anchor.with_reply``) and only what was added after the reply (the
+  next message, tool results) is estimated. One ratio cannot price code replies and prose questions
+  alike; a reply counted by its writer needs no ratio.
 - otherwise: ``ceil(ratio * raw)`` with the route's calibration ratio (1.0 until a report).
 
 The reply reserve (``runtime.reply_reserve_tokens``) is added on top: a request must leave that much
@@ -27,8 +30,9 @@ from typing import Any
 
 from server.config.settings import ProviderProfile
 from server.history.ledger import HistoryLedger
+from server.history.messages import MESSAGE_OVERHEAD_TOKENS
 from server.protocol import server_frame
-from server.providers.base import ToolSpec
+from server.providers.base import ToolSpec, Usage
 from server.routing.resolver import Capacity, Route, RouteResolver
 from server.tools.toolbox import Toolbox
 
@@ -63,18 +67,58 @@ class Anchor:
     raw: int
     reported: int
     ratio: float | None = None
+    counted: bool = True  # ``reported`` is one count of the provider's (not count + reply)
+    # The step's price until a marginal ratio is learned: this session's last counted reply's ratio,
+    # else its first whole-request ratio (the route's calibration mixes every session's content, and
+    # a whole request's ratio is pulled by the tool schemas).
+    base: float | None = None
+    source: str = "provider"  # the meter's tokens_source while nothing was added since the count
+
+    @property
+    def step(self) -> float | None:
+        """What a raw token added after the anchor costs, as far as this session knows."""
+        return self.ratio or self.base
+
+    def with_reply(self, raw: int, tokens: int) -> Anchor:
+        """The anchor moved past a reply estimated at ``raw`` that the provider counted ``tokens``
+        (its per-message overhead, which no output count holds, priced at the marginal ratio)."""
+        overhead = math.ceil((self.step or 1.0) * MESSAGE_OVERHEAD_TOKENS)
+        text = raw - MESSAGE_OVERHEAD_TOKENS  # the reply's text and tool calls: what ``tokens`` counts
+        base = min(RATIO_MAX, max(RATIO_MIN, tokens / text)) if text >= MIN_MARGINAL_RAW else self.base
+        return Anchor(self.raw + raw, self.reported + tokens + overhead, self.ratio, False, base)
 
     def then(self, raw: int, reported: int) -> Anchor:
         """The anchor after the provider counted ``reported`` for a request estimated at ``raw``."""
         step = raw - self.raw
         if step < MIN_MARGINAL_RAW:
-            return Anchor(raw, reported, self.ratio)
+            return Anchor(raw, reported, self.ratio, base=self.base)
         sample = min(RATIO_MAX, max(RATIO_MIN, (reported - self.reported) / step))
-        return Anchor(raw, reported, sample if self.ratio is None else (sample + self.ratio) / 2)
+        ratio = sample if self.ratio is None else (sample + self.ratio) / 2
+        return Anchor(raw, reported, ratio, base=self.base)
 
 
 def next_anchor(previous: Anchor | None, raw: int, reported: int) -> Anchor:
-    return Anchor(raw, reported) if previous is None else previous.then(raw, reported)
+    if previous is not None:
+        return previous.then(raw, reported)
+    return Anchor(raw, reported, base=min(RATIO_MAX, max(RATIO_MIN, reported / raw)) if raw > 0 else None)
+
+
+def count_anchor(previous: Anchor | None, raw: int, tokens: int) -> Anchor:
+    """The anchor on a count endpoint's figure for the request estimated at ``raw``: the ratios
+    this session learned are kept (the count says nothing about the price of what comes next)."""
+    fresh = next_anchor(None, raw, tokens)
+    base = previous.base if previous is not None and previous.base else fresh.base
+    return Anchor(raw, tokens, previous.ratio if previous else None, base=base, source="provider_count")
+
+
+def reply_tokens(usage: Usage, thinking: bool) -> int | None:
+    """The tokens a reply occupies when it is sent back, from the provider's output count; None when
+    that count cannot say: none given, or reasoning (never sent back) inside it by an unknown amount."""
+    if usage.output_tokens <= 0:
+        return None
+    if usage.reasoning_tokens is not None:
+        return max(0, usage.output_tokens - usage.reasoning_tokens)
+    return None if thinking else usage.output_tokens
 
 
 @dataclass(frozen=True)
@@ -92,7 +136,7 @@ class Reading:
     @property
     def step_ratio(self) -> float:
         """What a raw token added to (or dropped from) the anchored request counts."""
-        return self.anchor.ratio or self.ratio if self.anchor is not None else self.ratio
+        return self.anchor.step or self.ratio if self.anchor is not None else self.ratio
 
     def count(self, raw: int) -> int:
         """The route's count for a request whose raw estimate (tools included) is ``raw``."""
@@ -109,7 +153,8 @@ class Reading:
     @property
     def counted(self) -> bool:
         """The figure is the provider's own count: nothing was added since it counted."""
-        return self.anchor is not None and self.anchor.raw == self.estimate and not self.reserve
+        anchor = self.anchor
+        return anchor is not None and anchor.counted and anchor.raw == self.estimate and not self.reserve
 
     @property
     def figure(self) -> int:
@@ -169,7 +214,7 @@ class Meter:
         """The ``context`` frame; ``trimmed``: the raw tokens trims and compaction left out."""
         preview = self.preview(reading, ledger) if reported is None else None
         if reported is None:
-            source = "provider" if reading.counted else "estimate"
+            source = reading.anchor.source if reading.counted and reading.anchor else "estimate"
             tokens_used = reading.figure
         else:
             tokens_used, source = reported, "provider"

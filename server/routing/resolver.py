@@ -261,6 +261,12 @@ class RouteResolver:
             if not lock.locked() and not lock.statistics().tasks_waiting:
                 self._locks.pop(key, None)  # a lock lives while a discovery of its route does
 
+    def discovered(self, route: Route, tokens: int) -> None:
+        """A window the provider named outside discovery (a count endpoint's answer: vLLM's
+        ``max_model_len``, llama.cpp's ``n_ctx``), kept as discovery keeps its answer."""
+        if tokens > 0:
+            self._remember((route.provider, route.model), (Capacity(tokens, "provider"), time.monotonic()))
+
     def _remember(self, key: tuple[str, str], answer: tuple[Capacity, float]) -> None:
         self._windows[key] = answer
         self._windows.move_to_end(key)

@@ -29,6 +29,7 @@ from server.routing.resolver import Route
 from server.sessions.cache import DEFAULT_TITLE, SessionCache
 from server.sessions.channel import Frame, Outbox
 from server.sessions.compaction_runner import compaction_for
+from server.sessions.counting import Counts
 from server.sessions.images import decode_images
 from server.sessions.instances import Hold, Instances, SoleInstance
 from server.sessions.runtime import Runtime
@@ -51,6 +52,7 @@ class SessionHub:
         self.instances.serve(self.cache.sessions, self.spawn)
         self.unsaved = UnsavedWriter(self.spawn)
         self.compaction = compaction_for(rt.options)
+        self.counts = Counts(rt)  # the provider's count of each session's next request, between turns
         self.coalesce_seconds = rt.settings.server.coalesce_ms / 1000
         self.connections = 0
 
@@ -105,6 +107,7 @@ class SessionHub:
         """Announce the restore trim (once) and send the meter for the session's route."""
         if not await self.cache.restores.announce(session):
             await session.emit_meter(session.route, "hello")
+        self.counts.request(session)
 
     async def drain(self, grace: float) -> None:
         """The server is shutting down: end every ``/events`` stream, stop every turn and wait (at
@@ -161,6 +164,7 @@ class SessionHub:
             await self.rt.store.set_route(session.id, route.name)
         await session.emit_meter(route, "switch")  # the page confirms the switch from this frame
         await session.save_notices()  # the confirmation comes back on a reload
+        self.counts.request(session)
 
     async def model_command(self, session: Session, route_text: str) -> None:
         """``/model X`` typed in the composer: a route that does not exist (or none) is answered
@@ -282,6 +286,7 @@ class SessionHub:
             self.unsaved.after_turn(session)
         if turn.route != session.route:
             await session.emit_meter(session.route, "done")
+        self.counts.request(session)
 
     async def _abort(self, session: Session, turn: Turn) -> None:
         try:

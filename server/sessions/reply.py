@@ -65,6 +65,11 @@ class ReplyWriter:
     def think(self, text: str) -> None:
         self._thinking.append(text)
 
+    @property
+    def thought(self) -> bool:
+        """Reasoning came with this reply (it is never sent back, though output counts may hold it)."""
+        return bool(self._thinking)
+
     def current(self) -> ChatMessage | None:
         if self._message is not None:
             if self._parts:

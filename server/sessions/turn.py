@@ -41,8 +41,8 @@ from server.providers.base import (
     ToolSpec,
     Usage,
 )
-from server.routing.calibration import plausible
-from server.routing.meter import Reading, next_anchor
+from server.routing.calibration import named_window, plausible
+from server.routing.meter import Reading, next_anchor, reply_tokens
 from server.routing.resolver import Route
 from server.sessions.compaction_runner import Compaction, NoCompaction
 from server.sessions.reply import ReplyWriter, Step
@@ -90,6 +90,7 @@ class Turn:
         self.writer = ReplyWriter(turn_id, rt.settings.server.store_flush_ms / 1000)
         self.final_text = ""
         self.sent: Reading | None = None  # the reading of the request last sent
+        self.reply_count: int | None = None  # the provider's count of the reply being finished
         self.final_at: str | None = None  # when the final reply began: the page's hover time
 
     # --- frames -------------------------------------------------------------------------------
@@ -145,11 +146,11 @@ class Turn:
         if sent is not None and plausible(sent.estimate, counted):
             self.rt.resolver.calibration.observe(self.route, sent.estimate, counted)
             self.anchor(sent.estimate, counted)
-        if overflow.limit_tokens and await self.rt.resolver.learn_window(self.route, overflow.limit_tokens):
+        window = named_window(overflow.limit_tokens or 0, self.options.max_output_tokens)
+        if window and await self.rt.resolver.learn_window(self.route, window):
             self.emit("notice", code="window_learned", turn_id=self.turn_id, message=(
                 f"{self.route.name} refused the request for context length and named its window: "
-                f"{overflow.limit_tokens:,} tokens. The meter shows it and meterchat trims to it "
-                f"from now on."))
+                f"{window:,} tokens. The meter shows it and meterchat trims to it from now on."))
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -310,6 +311,7 @@ class Turn:
         elif usage.input_tokens > 0:  # a truncated count says nothing about the tokenizer: kept out
             calibration.observe(self.route, reading.estimate, usage.input_tokens)
             self.anchor(reading.estimate, usage.input_tokens)
+            self.reply_count = reply_tokens(usage, thinking=self.writer.thought)
         cost = self.rt.resolver.cost(self.route, usage.input_tokens, usage.output_tokens)
         self.add_to_totals(usage, cost)
         call = CallRecord(self.turn_id, self.route.provider, self.route.model, self.route.kind,
@@ -341,12 +343,22 @@ class Turn:
         """End the current assistant message (before tool results, or at the end of the turn)."""
         message = self.writer.finish(interrupted=interrupted, tool_calls=tool_calls)
         self.session.settle_reply(message)
+        self.anchor_reply(message if not interrupted else None)
         await self.rt.flusher.settle(self.session.id)  # no earlier flush may land after this save
         if message is None:  # an empty reply was never stored: nothing to keep
             return
         self.final_text = "" if message.tool_calls else message.content
         self.final_at = message.created_at
         await self.session.save_reply(message)
+
+    def anchor_reply(self, message: ChatMessage | None) -> None:
+        """Move the route's anchor past the reply just settled, by the provider's count of it: the
+        next request is then that count plus only what comes after the reply."""
+        count, self.reply_count = self.reply_count, None
+        anchor = self.session.anchors.get(self.route.name)
+        if message is None or count is None or anchor is None or not anchor.counted:
+            return
+        self.session.anchors[self.route.name] = anchor.with_reply(message.text_tokens, count)
 
     async def run_tools(self, calls: list[ToolCall]) -> None:
         await self.finish_reply(interrupted=False, tool_calls=calls)  # a reply asking for tools is complete

@@ -17,6 +17,7 @@ const REASONS = {
   send: "message about to be sent",
   trim: "history trimmed",
   usage: "provider reported usage",
+  count: "provider counted the next request",
   done: "reply finished",
   restore: "session restored",
 };
@@ -91,7 +92,7 @@ export class Meter {
     this.q("meter-used").textContent = `${f.tokens_source === "estimate" ? "~" : ""}${fmt(used)}`;
     this.q("meter-window").textContent = windowText(windowKnown, f, budget);
     this.numbers.replaceChildren(...numberParts(windowKnown, budget, this.q("meter-used"), this.q("meter-window"), this.q("meter-percent")));
-    this.q("meter-source").textContent = f.tokens_source === "provider" ? "provider count" : "estimate";
+    this.q("meter-source").textContent = f.tokens_source === "estimate" ? "estimate" : "provider count";
     this.q("meter-percent").textContent = ratio === null ? "" : `${Math.round(ratio * 100)}%`;
 
     const fill = this.q("meter-fill");
@@ -145,7 +146,7 @@ export function switchedLine(f) {
 function tooltip(f, windowKnown, budget, ratio) {
   const lines = [
     `Route: ${routeLabel(f.provider, f.model)} (${f.route_kind})`,
-    `Used: ${fmt(f.estimated_tokens)} tokens (${f.tokens_source === "provider" ? "counted by the provider" : "local estimate"})`,
+    `Used: ${fmt(f.estimated_tokens)} tokens (${f.tokens_source === "estimate" ? "local estimate" : "counted by the provider"})`,
     windowKnown
       ? `Context window: ${fmt(f.model_context_window)} tokens (from ${windowSource(f.window_source)})`
       : "Context window: unknown for this route",
@@ -169,7 +170,7 @@ function windowSource(source) {
 function breakdownRows(f) {
   const rows = [["route", "Route", `${routeLabel(f.provider, f.model)} (${f.route_kind})`]];
   if (typeof f.estimated_tokens === "number") {
-    const source = f.tokens_source === "provider" ? "counted by the provider" : "local estimate";
+    const source = f.tokens_source === "estimate" ? "local estimate" : "counted by the provider";
     rows.push(["tokens", "Context now", `${fmt(f.estimated_tokens)} tokens (${source})`]);
   }
   if (typeof f.context_token_budget === "number") {

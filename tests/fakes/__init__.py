@@ -12,6 +12,8 @@ Fixtures (``tests/fakes/fixtures.py``; session-scoped servers, reset before each
     .split                    None, or byte sizes (int or sequence, cycled) to cut the stream into;
                               (1, 2, 3, 5, 7) cuts UTF-8 characters and CRLF pairs
     .newline                  "\\n" (default), "\\r\\n" or "\\r" between SSE / NDJSON lines
+    .counter                  None | "vllm" | "llamacpp" | "openai" | "anthropic": the count endpoint
+                              served (count_requests records them; count_window, count_hold)
     .meta_flood               (head, item, size): the metadata endpoint answers head + item... to size
                               bytes (ENDLESS: never ends) instead of its card
     .models                   metadata: openai {"id": {"max_model_len": N} | {"context_length": N}},

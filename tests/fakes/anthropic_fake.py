@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tests.fakes.base import FakeProvider, Reply, json_pieces
@@ -25,7 +25,20 @@ class FakeAnthropic(FakeProvider):
     dialect = "anthropic"
 
     def routes(self) -> list[Any]:
-        return [Route("/v1/messages", self.chat, methods=["POST"])]
+        return [Route("/v1/messages", self.chat, methods=["POST"]),
+                Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"])]
+
+    async def count_tokens(self, request: Request) -> Response:
+        """{model, messages, system, tools} -> {input_tokens} (``counter == "anthropic"``)."""
+        body = await self.record(request, self.count_requests)
+        await self.count_wait()
+        if self.counter != "anthropic":
+            error = {"type": "not_found_error", "message": "Not found"}
+            return JSONResponse({"type": "error", "error": error}, status_code=404)
+        if "max_tokens" in body or "stream" in body:  # not fields of the count request
+            return self._invalid(400, "max_tokens: Extra inputs are not permitted")
+        prompt = {key: body.get(key) for key in ("system", "messages", "tools")}
+        return JSONResponse({"input_tokens": self.count_of(prompt)})
 
     def _invalid(self, status: int, message: str) -> Response:
         error = {"type": _TYPES[status], "message": message}

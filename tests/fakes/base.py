@@ -150,6 +150,10 @@ class FakeProvider:
         self.error_bytes_sent = 0
         self.meta_flood: tuple[bytes, bytes, int] | None = None
         self.drip = 0.0  # > 0: floods go out one fill at a time, this many seconds apart
+        self.counter: str | None = None  # the count endpoint this fake serves (None: every one 404s)
+        self.count_window = 8192  # the window a count answer names, where the real one does
+        self.count_requests: list[Recorded] = []
+        self.count_hold: threading.Event | None = None  # count endpoints answer once it is set
 
     def enqueue(self, *replies: Reply) -> None:
         self._queue.extend(replies)
@@ -172,6 +176,10 @@ class FakeProvider:
         self.error_bytes_sent = 0
         self.meta_flood = None
         self.drip = 0.0
+        self.counter = None
+        self.count_window = 8192
+        self.count_requests.clear()
+        self.count_hold = None
 
     def next_reply(self, body: Any) -> Reply:
         if self._queue:
@@ -246,6 +254,16 @@ class FakeProvider:
                 await asyncio.sleep(self.drip)  # lets Starlette see the client go (see _padded)
 
         return StreamingResponse(body(), media_type="application/json")
+
+    async def count_wait(self) -> None:
+        while self.count_hold is not None and not self.count_hold.is_set():
+            await asyncio.sleep(0.005)
+
+    @staticmethod
+    def count_of(value: Any) -> int:
+        """The fakes' tokenizer for count endpoints: a token per 3 bytes of the JSON (or text)."""
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        return max(1, len(text.encode()) // 3)
 
     def keepalive_bytes(self) -> bytes:
         return f": keep-alive{self.newline}{self.newline}".encode()

@@ -8,6 +8,7 @@ names the delta key for thinking pieces (``reasoning_content`` as vLLM, ``reason
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from starlette.requests import Request
@@ -15,6 +16,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tests.fakes.base import FakeProvider, Reply, json_pieces
+
+
+def _not_found() -> Response:
+    return JSONResponse({"detail": "Not Found"}, status_code=404)  # FastAPI's (vLLM) answer
 
 _TYPES = {401: "invalid_request_error", 403: "permission_error", 429: "rate_limit_exceeded",
           500: "server_error", 503: "server_error"}
@@ -33,7 +38,54 @@ class FakeOpenAI(FakeProvider):
 
     def routes(self) -> list[Any]:
         return [Route("/v1/chat/completions", self.chat, methods=["POST"]),
-                Route("/v1/models", self.list_models, methods=["GET"])]
+                Route("/v1/models", self.list_models, methods=["GET"]),
+                Route("/tokenize", self.tokenize, methods=["POST"]),
+                Route("/apply-template", self.apply_template, methods=["POST"]),
+                Route("/props", self.props, methods=["GET"]),
+                Route("/v1/responses/input_tokens", self.input_tokens, methods=["POST"])]
+
+    # --- count endpoints (``counter``: "vllm", "llamacpp" or "openai"; None: all 404) -------------
+
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM: {messages, tools, ...} -> {count, max_model_len, tokens, token_strs}. llama.cpp:
+        {content} -> {tokens}; given messages (no content) it answers {tokens: []}."""
+        body = await self.record(request, self.count_requests)
+        await self.count_wait()
+        if self.counter == "vllm":
+            count = self.count_of({"messages": body["messages"], "tools": body.get("tools")})
+            return JSONResponse({"count": count, "max_model_len": self.count_window,
+                                 "tokens": list(range(count)), "token_strs": None})
+        if self.counter == "llamacpp":
+            content = body.get("content")
+            return JSONResponse({"tokens": list(range(self.count_of(content))) if content else []})
+        return _not_found()
+
+    async def apply_template(self, request: Request) -> Response:
+        body = await self.record(request, self.count_requests)
+        await self.count_wait()
+        if self.counter != "llamacpp":
+            return _not_found()
+        prompt = "".join(f"<|im_start|>{m['role']}\n{json.dumps(m, ensure_ascii=False)}<|im_end|>\n"
+                         for m in body["messages"]) + json.dumps(body.get("tools") or [])
+        return JSONResponse({"prompt": prompt + "<|im_start|>assistant\n"})
+
+    async def props(self, request: Request) -> Response:
+        await self.record(request, self.count_requests)
+        if self.counter != "llamacpp":
+            return _not_found()
+        return JSONResponse({"default_generation_settings": {"n_ctx": self.count_window, "n_predict": -1},
+                             "total_slots": 1, "model_path": "fake.gguf", "build_info": "fake"})
+
+    async def input_tokens(self, request: Request) -> Response:
+        """OpenAI: {model, input, tools} -> {object: "response.input_tokens", input_tokens}."""
+        body = await self.record(request, self.count_requests)
+        await self.count_wait()
+        if self.counter != "openai":
+            return JSONResponse({"error": {"message": "Invalid URL (POST /v1/responses/input_tokens)",
+                                           "type": "invalid_request_error", "param": None, "code": None}},
+                                status_code=404)
+        count = self.count_of({"input": body["input"], "tools": body.get("tools")})
+        return JSONResponse({"object": "response.input_tokens", "input_tokens": count})
 
     def check(self, request: Request, body: Any) -> Response | None:
         if self.api_key is not None and request.headers.get("authorization") != f"Bearer {self.api_key}":
@@ -103,9 +155,11 @@ class FakeOpenAI(FakeProvider):
         return ""
 
     @staticmethod
-    def overflow(flavor: str = "openai", window: int = 8192, requested: int = 9000) -> Reply:
-        """The context-overflow error of ``openai``, ``vllm_old``, ``vllm_new`` or ``llamacpp``
-        (``llamacpp_500`` for the older status)."""
+    def overflow(flavor: str = "openai", window: int = 8192, requested: int = 9000,
+                 max_tokens: int = 256) -> Reply:
+        """The context-overflow error of ``openai``, ``vllm_old``, ``vllm_new``, ``vllm_max_tokens``,
+        ``vllm_minus_max_tokens`` (a window less ``max_tokens``, as vLLM 0.15 rc said), ``llamacpp``
+        (``llamacpp_500`` for the older status, ``llamacpp_text`` without the count fields)."""
         if flavor == "openai":
             message = (f"This model's maximum context length is {window} tokens. However, your messages "
                        f"resulted in {requested} tokens. Please reduce the length of the messages.")
@@ -118,8 +172,24 @@ class FakeOpenAI(FakeProvider):
             error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
             body = {"object": "error", **error} if flavor == "vllm_old" else {"error": error}
             return Reply(status=400, body=body)
-        if flavor in ("llamacpp", "llamacpp_500"):
-            error = {"code": 400, "message": "the request exceeds the available context size, try increasing "
-                     "it", "type": "exceed_context_size_error", "n_prompt_tokens": requested, "n_ctx": window}
+        if flavor == "vllm_max_tokens":  # the prompt fits, prompt + max_tokens does not
+            message = (f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
+                       f"maximum context length is {window} tokens and your request has {requested} input "
+                       f"tokens ({max_tokens} > {window} - {requested}). None")
+            return Reply(status=400, body={"error": {"message": message, "type": "BadRequestError",
+                                                     "param": None, "code": 400}})
+        if flavor == "vllm_minus_max_tokens":  # vLLM 0.15 rc (#33418): it named the window less max_tokens
+            message = (f"This model's maximum context length is {window - max_tokens} tokens. However, you "
+                       f"requested {requested} tokens ({requested - max_tokens} in the messages, "
+                       f"{max_tokens} in the completion). Please reduce the length of the messages or "
+                       "completion.")
+            return Reply(status=400, body={"error": {"message": message, "type": "BadRequestError",
+                                                     "param": None, "code": 400}})
+        if flavor in ("llamacpp", "llamacpp_500", "llamacpp_text"):
+            # tools/server/server-task.cpp's wording; a build without the fields keeps only the text
+            error = {"code": 400, "message": f"request ({requested} tokens) exceeds the available context "
+                     f"size ({window} tokens), try increasing it", "type": "exceed_context_size_error"}
+            if flavor != "llamacpp_text":
+                error |= {"n_prompt_tokens": requested, "n_ctx": window}
             return Reply(status=500 if flavor == "llamacpp_500" else 400, body={"error": error})
         raise ValueError(f"unknown overflow flavor {flavor!r}")
