@@ -190,6 +190,12 @@ class SessionHub:
         elif remote and self.live_turns is not None:
             self.spawn(self.live_turns.stop_remote, session.id)
 
+    def decide(self, session: Session, turn_id: str, call_id: str, allow: bool) -> None:
+        """The user's answer to a call waiting for approval (allow once, or deny)."""
+        if not self.cache.cached(session).approvals.decide(turn_id, call_id, allow):
+            raise BadFrame(f"tool_decision: no call {echo(call_id)} of turn {echo(turn_id)} waits for an "
+                           f"answer (it was answered, timed out or its turn ended)")
+
     async def submit(self, session: Session, message_id: str, content: str,
                      payloads: list[ImagePayload], retry_of: str | None = None,
                      edit_of: str | None = None) -> None:

@@ -338,7 +338,8 @@ class Turn:
 
     async def run_tools(self, calls: list[ToolCall]) -> None:
         await self.finish_reply(interrupted=False, tool_calls=calls)  # a reply asking for tools is complete
-        results = await ToolRound(self.rt, self.turn_id, self.emit, self.tools()).run(calls)
+        results = await ToolRound(self.rt, self.turn_id, self.emit, self.tools(),
+                                  self.session.approvals).run(calls)
         self.session.add(*results)
         await self.rt.store.append_messages(self.session.id, results)
 
