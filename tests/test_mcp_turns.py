@@ -143,3 +143,20 @@ async def test_healthz_answers_while_a_flood_is_read(tmp_path, fake_openai):
     result = of_type(c.frames, "tool_result")[0]
     assert result["is_error"] and "over max_result_bytes" in result["output"]
     assert frames[-1]["type"] == "done"
+
+
+async def test_repeated_call_ids_are_made_unique_so_no_result_is_lost(tmp_path, fake_openai):
+    # The fake numbers calls per reply (call_fake_0 each time), as a server that sends no ids does.
+    asks = Reply(tool_calls=[Call("time__get_current_time", {"timezone": "UTC"})])
+    fake_openai.enqueue(asks, asks, Reply(text=["twice"]), asks, Reply(text=["again"]))
+    with serve(settings(tmp_path, fake_openai, {"time": time_server()})) as address:
+        async with client(address) as c:
+            await c.hello()
+            first = await c.say("time twice")
+            second = await c.say("and once more")
+    assert first[-1]["full_response"] == "twice" and second[-1]["full_response"] == "again"
+    assert len(fake_openai.requests) == 5  # no loop to the tool cap
+    last = sent_messages(fake_openai, 4)
+    calls = [call["id"] for m in last if m["role"] == "assistant" for call in m.get("tool_calls") or ()]
+    results = [m["tool_call_id"] for m in last if m["role"] == "tool"]
+    assert len(set(calls)) == 3 and results == calls

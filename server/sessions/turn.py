@@ -90,6 +90,7 @@ class Turn:
         self.final_text = ""
         self.sent: Reading | None = None  # the reading of the request last sent
         self.final_at: str | None = None  # when the final reply began: the page's hover time
+        self.call_ids: set[str] | None = None  # tool call ids the session holds (unique_call_id)
 
     # --- frames -------------------------------------------------------------------------------
 
@@ -281,11 +282,24 @@ class Turn:
             self.emit("thinking", turn_id=self.turn_id, content=event.text)
             self.writer.think(event.text)
         elif isinstance(event, ToolCallEvent):
-            result.tool_calls.append(ToolCall(event.id, event.name, event.arguments))
+            result.tool_calls.append(ToolCall(self.unique_call_id(event.id), event.name, event.arguments))
         elif isinstance(event, Usage):
             result.usage = event
         elif isinstance(event, Finish):
             result.finish = event.reason
+
+    def unique_call_id(self, given: str) -> str:
+        """A call id no earlier call of the session has: results pair with calls by id, and some
+        OpenAI-compatible servers send none (the dialect then numbers calls per reply, call_0, ...),
+        so a repeated id would make the later result look answered already and drop it."""
+        if self.call_ids is None:
+            self.call_ids = {c.id for m in self.session.snapshot() for c in m.tool_calls or ()}
+        unique, n = given or "call", 1
+        while unique in self.call_ids:
+            n += 1
+            unique = f"{given or 'call'}_{self.turn_id[:8]}_{n}"
+        self.call_ids.add(unique)
+        return unique
 
     async def account(self, usage: Usage, reading: Reading) -> None:
         calibration = self.rt.resolver.calibration
