@@ -76,17 +76,23 @@ async def test_huge_result_is_capped_marked_and_the_chat_goes_on(tmp_path, fake_
 
 
 async def test_tool_image_is_sent_and_counted_in_its_turn(tmp_path, fake_openai):
-    fake_openai.enqueue(Reply(tool_calls=[Call("ev__get-tiny-image", {}, "img")]), Reply(text=["a logo"]))
+    fake_openai.enqueue(Reply(tool_calls=[Call("ev__get-tiny-image", {}, "img")]), Reply(text=["a logo"]),
+                        Reply(text=["next"]))
     data = settings(tmp_path, fake_openai, {"ev": everything_stdio()}, {"image_token_cost": 700})
     with serve(data) as address:
         async with client(address) as c:
             await c.hello()
             frames = await c.say("show me")
+            later = await c.say("and now?")
     second = sent_messages(fake_openai, 1)
     assert second[-2]["role"] == "tool" and second[-2]["tool_call_id"] == "img"
     assert second[-1]["role"] == "user" and second[-1]["content"][0]["type"] == "image_url"
     sends = [f for f in of_type(frames, "context") if f["reason"] == "send"]
     assert [f["image_tokens"] for f in sends] == [0, math.ceil(700 * sends[1]["calibration_ratio"])]
+    # the next turn sends the old result as text alone, and the meter counts no image for it
+    third = json.dumps(sent_messages(fake_openai, 2))
+    assert "image_url" not in third and "[image: image/png," in third
+    assert [f["image_tokens"] for f in of_type(later, "context") if f["reason"] == "send"] == [0]
 
 
 async def test_tool_error_and_unknown_tool_go_to_the_model_as_errors(tmp_path, fake_openai):

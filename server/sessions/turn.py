@@ -27,7 +27,7 @@ from server.errors import (
     StoreUnavailable,
     error_frame,
 )
-from server.history.messages import ChatMessage, ToolCall, estimate_history_tokens
+from server.history.messages import ChatMessage, ToolCall, estimate_history_tokens, without_old_tool_images
 from server.history.trim import REASON_OVERFLOW, TrimReport, recovery_budget, sweep_orphans
 from server.protocol import server_frame
 from server.providers.base import (
@@ -235,7 +235,7 @@ class Turn:
             await self.run_tools(result.tool_calls)
 
     async def prepare(self, final: bool) -> tuple[list[ChatMessage], Reading]:
-        messages = sweep_orphans(self.session.to_send())
+        messages = without_old_tool_images(sweep_orphans(self.session.to_send()))
         if final:
             messages.append(ChatMessage("user", FINAL_ANSWER_PROMPT, turn_id=self.turn_id))
         estimate = estimate_history_tokens(messages, self.options.image_token_cost)
