@@ -77,6 +77,11 @@ ENUMS[("context", "reason")] = (*CONTEXT_REASONS, EDIT_PREVIEW)
 SERVER_FRAMES["tool_call"] += ("server?",)
 SERVER_FRAMES["tool_result"] += ("server?", "is_error?", "tokens?", "truncated_chars?")
 ENUMS[("notice", "code")] = (*NOTICE_CODES, "tools_unavailable")
+# Approval of a call whose tool says approve = "always": asked, answered (allow once or deny), settled.
+SERVER_FRAMES["tool_approval"] = ("turn_id", "id", "name", "server", "args")
+SERVER_FRAMES["tool_decided"] = ("turn_id", "id", "allow")
+SERVER_FRAMES["history"] += ("approvals?",)
+CLIENT_FRAMES["tool_decision"] = ("turn_id", "id", "allow")
 
 
 @dataclass(frozen=True)
@@ -207,6 +212,10 @@ def _validate(frame: dict[str, Any]) -> dict[str, Any]:
                                         "a route string like 'provider' or 'provider/model'")
     elif kind == "history_before":
         _validate_history_before(frame)
+    elif kind == "tool_decision":
+        _require_id(frame, "turn_id", "the turn_id of the call")
+        _require_id(frame, "id", "the id of the call")
+        _require(frame, "allow", bool, "true (allow once) or false (deny)")
     # Unknown fields are ignored (protocol rule), so they are not kept either.
     required, optional = field_names(CLIENT_FRAMES[kind])
     return {name: frame[name] for name in required | optional if name in frame}

@@ -93,3 +93,35 @@ def test_running_call_spins_and_a_hang_ends_as_an_error(browser: Browser, tmp_pa
         expect(tool.get_by_test_id("tool-spinner")).to_have_count(0)
         expect(tool.get_by_test_id("tool-size")).to_contain_text("error")
         expect(page.locator(".msg-row.assistant").last).to_contain_text("It hung.")
+
+
+APPROVED_TIME = TIME + 'approve = "always"\n'
+
+
+def test_approval_asks_allows_once_and_survives_a_reload(browser: Browser, tmp_path, fake_openai) -> None:
+    tokyo = Call("time__get_current_time", {"timezone": "Asia/Tokyo"}, "a1")
+    fake_openai.enqueue(Reply(tool_calls=[tokyo]), Reply(text=["Evening in Tokyo."]),
+                        Reply(tool_calls=[Call("time__get_current_time", {"timezone": "UTC"}, "a2")]),
+                        Reply(text=["I was not allowed."]))
+    with running_server(tools_config(tmp_path, fake_openai.base_url, APPROVED_TIME)) as base, \
+            opened_page(browser, base) as page:
+        open_new_chat(page)
+        send(page, "what time is it in Tokyo?")
+        asking = page.get_by_test_id("tool-approval")
+        expect(asking).to_contain_text("Run time__get_current_time on time with these arguments?")
+        expect(page.locator("details.tool").first.get_by_test_id("tool-args")).to_contain_text("Asia/Tokyo")
+        page.screenshot(path="/tmp/wt18-approval.png")
+        page.get_by_test_id("tool-allow").click()
+        expect(page.locator(".msg-row.assistant").last).to_contain_text("Evening in Tokyo.")
+        expect(page.locator("details.tool").first).to_have_attribute("data-state", "done")
+        expect(asking).to_have_count(0)
+
+        send(page, "and in UTC?")
+        expect(page.get_by_test_id("tool-approval")).to_be_visible()
+        page.reload()  # the question is asked again after a reload
+        expect(page.get_by_test_id("tool-approval")).to_contain_text("time__get_current_time")
+        page.get_by_test_id("tool-deny").click()
+        expect(page.locator(".msg-row.assistant").last).to_contain_text("I was not allowed.")
+        denied = page.locator('details.tool[data-tool-call-id="a2"]')
+        expect(denied).to_have_attribute("data-state", "error")
+        assert "the user denied this call" in fake_openai.requests[-1].json["messages"][-1]["content"]

@@ -8,6 +8,7 @@ frame, a closed socket.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from websockets.exceptions import ConnectionClosed
 
+from tests.fakes import Call, Reply
 from tests.processes import Server
 from tests.redis_support import RedisServer, free_port
 from tests.support import Client, client, of_type, text_of
@@ -179,3 +181,31 @@ def test_instances_a_server_that_cannot_reach_redis_does_not_start(tmp_path):
     done = subprocess.run([sys.executable, "-m", "server", "--config", str(config), "--port", "0"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "live.url: cannot reach Redis" in done.stderr
+
+
+async def test_instances_tool_approval_answered_on_the_other_process(tmp_path, redis_server, fake_openai):
+    """A call waiting for approval on one process is answered from a client of the other."""
+    time = json.dumps(sys.executable)
+    config = write_config(tmp_path, redis_server, "")
+    config.write_text(config.read_text() + (
+        f'[providers.p]\nkind = "openai"\nbase_url = "{fake_openai.base_url}"\nmodel = "m1"\n'
+        f'discover_window = false\n[mcp_servers.time]\ncommand = {time}\n'
+        f'args = ["-m", "mcp_server_time", "--local-timezone", "UTC"]\napprove = "always"\n'),
+        encoding="utf-8")
+    fake_openai.enqueue(Reply(tool_calls=[Call("time__get_current_time", {"timezone": "Asia/Tokyo"}, "t1")]),
+                        Reply(text=["evening"]))
+    with ExitStack() as stack:
+        a, b = (Server(config) for _ in range(2))
+        stack.callback(a.stop)
+        stack.callback(b.stop)
+        async with client(a.address) as on_a, client(b.address) as on_b:
+            await on_a.hello()
+            await on_a.send("switch_model", route="p/m1")
+            await on_a.until("context")
+            await on_b.hello(on_a.session_id)
+            await on_a.send("message", id="q1", content="time in Tokyo?")
+            asked = (await on_b.until("tool_approval"))[-1]
+            await on_b.send("tool_decision", turn_id=asked["turn_id"], id="t1", allow=True)
+            done = (await on_a.until("done", "error"))[-1]
+    assert done["type"] == "done" and done["full_response"] == "evening"
+    assert not of_type(on_a.frames, "tool_result")[0]["is_error"]

@@ -42,6 +42,7 @@ def test_stdio_and_http_servers_load():
     ({"a": {"command": "x", "env": {"K": 1}}}, True, "mcp_servers.a.env.K: expected str"),
     ({"a": {"command": "x", "colour": "red"}}, True, "mcp_servers.a.colour: unknown setting"),
     ({"a b": {"command": "x"}}, True, "a server name is 1 to 32 letters"),
+    ({"a__b": {"command": "x"}}, True, 'without "__"'),
     ({"a": {"command": "x"}}, ["b"], "providers.p.tools: 'b' names no [mcp_servers] server"),
     ({"a": {"command": "x"}}, "a", "providers.p.tools: expected value"),
 ])

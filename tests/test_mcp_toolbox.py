@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import sys
+import tomllib
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,7 +21,7 @@ from server.providers.base import ToolSpec
 from server.tools.catalog import schema_bytes
 from server.tools.results import ToolOutput
 from server.tools.toolbox import Toolbox
-from tests.mcp_support import everything_http, everything_stdio, faulty_server, time_server
+from tests.mcp_support import REPO, everything_http, everything_stdio, faulty_server, time_server
 
 pytestmark = pytest.mark.anyio
 OPENAI = {"kind": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m"}
@@ -141,3 +145,15 @@ async def test_five_hundred_tools_are_bounded(caplog):
     assert sum(schema_bytes(s) for s in specs) <= 40_000
     left_out = [r.getMessage() for r in caplog.records if "tools left out" in r.getMessage()]
     assert len(left_out) == 1 and left_out[0].startswith(f"MCP server f: {504 - len(specs)} tools left out")
+
+
+async def test_readme_tools_example_starts_the_time_server():
+    """The README's three lines, with the command found where pip put it (this environment's bin)."""
+    readme = (REPO / "README.md").read_text()
+    example = next(block for block in re.findall(r"```toml\n(.*?)```", readme, flags=re.S)
+                   if "[mcp_servers.time]" in block)
+    table = tomllib.loads(example)["mcp_servers"]["time"]
+    installed = Path(sys.executable).parent / table["command"]
+    async with toolbox({"time": {**table, "command": str(installed)}}) as (box, specs):
+        output = await run(box, specs, "time__get_current_time", timezone="Asia/Tokyo")
+    assert json.loads(output.text)["timezone"] == "Asia/Tokyo"

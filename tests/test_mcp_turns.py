@@ -76,17 +76,23 @@ async def test_huge_result_is_capped_marked_and_the_chat_goes_on(tmp_path, fake_
 
 
 async def test_tool_image_is_sent_and_counted_in_its_turn(tmp_path, fake_openai):
-    fake_openai.enqueue(Reply(tool_calls=[Call("ev__get-tiny-image", {}, "img")]), Reply(text=["a logo"]))
+    fake_openai.enqueue(Reply(tool_calls=[Call("ev__get-tiny-image", {}, "img")]), Reply(text=["a logo"]),
+                        Reply(text=["next"]))
     data = settings(tmp_path, fake_openai, {"ev": everything_stdio()}, {"image_token_cost": 700})
     with serve(data) as address:
         async with client(address) as c:
             await c.hello()
             frames = await c.say("show me")
+            later = await c.say("and now?")
     second = sent_messages(fake_openai, 1)
     assert second[-2]["role"] == "tool" and second[-2]["tool_call_id"] == "img"
     assert second[-1]["role"] == "user" and second[-1]["content"][0]["type"] == "image_url"
     sends = [f for f in of_type(frames, "context") if f["reason"] == "send"]
     assert [f["image_tokens"] for f in sends] == [0, math.ceil(700 * sends[1]["calibration_ratio"])]
+    # the next turn sends the old result as text alone, and the meter counts no image for it
+    third = json.dumps(sent_messages(fake_openai, 2))
+    assert "image_url" not in third and "[image: image/png," in third
+    assert [f["image_tokens"] for f in of_type(later, "context") if f["reason"] == "send"] == [0]
 
 
 async def test_tool_error_and_unknown_tool_go_to_the_model_as_errors(tmp_path, fake_openai):
@@ -143,3 +149,20 @@ async def test_healthz_answers_while_a_flood_is_read(tmp_path, fake_openai):
     result = of_type(c.frames, "tool_result")[0]
     assert result["is_error"] and "over max_result_bytes" in result["output"]
     assert frames[-1]["type"] == "done"
+
+
+async def test_repeated_call_ids_are_made_unique_so_no_result_is_lost(tmp_path, fake_openai):
+    # The fake numbers calls per reply (call_fake_0 each time), as a server that sends no ids does.
+    asks = Reply(tool_calls=[Call("time__get_current_time", {"timezone": "UTC"})])
+    fake_openai.enqueue(asks, asks, Reply(text=["twice"]), asks, Reply(text=["again"]))
+    with serve(settings(tmp_path, fake_openai, {"time": time_server()})) as address:
+        async with client(address) as c:
+            await c.hello()
+            first = await c.say("time twice")
+            second = await c.say("and once more")
+    assert first[-1]["full_response"] == "twice" and second[-1]["full_response"] == "again"
+    assert len(fake_openai.requests) == 5  # no loop to the tool cap
+    last = sent_messages(fake_openai, 4)
+    calls = [call["id"] for m in last if m["role"] == "assistant" for call in m.get("tool_calls") or ()]
+    results = [m["tool_call_id"] for m in last if m["role"] == "tool"]
+    assert len(set(calls)) == 3 and results == calls

@@ -9,6 +9,7 @@ Every wait is for an event: a log line, a frame, a closed socket, a process exit
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -225,3 +226,19 @@ def test_workers_supervisor_stops_on_a_refusal_or_a_crash_loop(exit_code, stoppe
     restarts = [r for r in caplog.records if "starting it again" in r.getMessage()]
     assert len(restarts) == (CRASH_LIMIT * 2 if exit_code == 1 else 0)
     assert signal.getsignal(signal.SIGTERM) == handler  # the test process's handlers are back
+
+
+def test_workers_each_start_their_own_stdio_mcp_server(tmp_path, redis_server):
+    """Every worker process holds its own MCP connections: a stdio server runs once per worker."""
+    marker = tmp_path / "mcp-starts"
+    server = (f'[mcp_servers.f]\ncommand = {json.dumps(sys.executable)}\n'
+              f'args = ["-m", "tests.fakes.mcp_faulty", "--marker", {json.dumps(str(marker))}]\n'
+              f'cwd = {json.dumps(str(Path(__file__).resolve().parent.parent))}\n')
+    config = write_config(tmp_path, redis_server)
+    config.write_text(config.read_text() + server, encoding="utf-8")
+    running = Workers(config)
+    try:
+        pids = set(marker.read_text().split())  # each worker was ready, so its server had started
+    finally:
+        running.stop()
+    assert len(pids) == 2

@@ -92,9 +92,10 @@ def check_route(route: str, providers: Mapping[str, ProviderProfile], key: str) 
 
 def check_mcp_server(prefix: str, name: str, values: Mapping[str, Any]) -> None:
     """One transport (``command`` or ``url``), known approvals, positive bounds, string maps."""
-    if not MCP_SERVER_NAME.match(name):
-        raise ConfigError(f"{prefix}: a server name is 1 to 32 letters, digits, _ or - (it prefixes "
-                          f"the tool names the model sees)")
+    if not MCP_SERVER_NAME.match(name) or "__" in name:
+        # The first "__" of a model-facing name ends the server's name: names stay unique across servers.
+        raise ConfigError(f"{prefix}: a server name is 1 to 32 letters, digits, _ or - without \"__\" "
+                          f"(it prefixes the tool names the model sees)")
     if bool(values["command"]) == bool(values["url"]):
         raise ConfigError(f"{prefix}: set exactly one of command (stdio) or url (Streamable HTTP)")
     if values["url"] and not values["url"].startswith(("http://", "https://")):

@@ -138,6 +138,8 @@ class RuntimeSettings:
     max_history_messages: int | None = setting(None, "Whole-turn limit (legacy name); default 50.")
     max_tool_iterations: int = setting(10, "Provider calls with tools per turn.")
     max_tool_result_chars: int = setting(50000, "Cap per tool result when recorded; 0 = none.")
+    tool_approval_timeout_seconds: float = setting(
+        600.0, "A call waiting for the page's approval (approve = \"always\") this long is denied.")
     image_token_cost: int = setting(1000, "Fixed token estimate per image actually sent.")
     max_image_bytes: int = setting(5 * 1024 * 1024, "Largest decoded image accepted.")
     max_output_tokens: int = setting(1024, "max_tokens asked of providers that need one.")

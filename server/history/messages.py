@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 BREADCRUMB_TEXT = "[earlier turns omitted to fit the context window]"
@@ -118,6 +118,14 @@ def current_turn_start(messages: Sequence[ChatMessage]) -> int:
         if is_turn_start(messages[index]):
             return index
     return len(messages)
+
+
+def without_old_tool_images(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
+    """``messages`` as sent: images a tool declared go only with the current turn's results (older
+    results are their text alone), the same rule the estimate counts by."""
+    start = current_turn_start(messages)
+    return [replace(m, images=None) if m.images and m.role == "tool" and i < start else m
+            for i, m in enumerate(messages)]
 
 
 def image_tokens(message: ChatMessage, *, in_current_turn: bool, image_token_cost: int) -> int:

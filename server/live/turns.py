@@ -131,12 +131,25 @@ class LiveInstances:
             await self.live.send_control(claim.instance, {"op": "stop", "session_id": session_id,
                                                           "turn_id": claim.turn_id})
 
+    async def decide_remote(self, session_id: str, turn_id: str, call_id: str, allow: bool) -> None:
+        """An answer to a tool approval, for the instance whose turn asked (an answer nobody waits
+        for there is dropped: the question was answered, timed out or its turn ended)."""
+        claim = await self.live.lease.holder(session_id)
+        if claim is not None and claim.instance != self.live.instance and claim.turn_id == turn_id:
+            await self.live.send_control(claim.instance, {"op": "decide", "session_id": session_id,
+                                                          "turn_id": turn_id, "id": call_id,
+                                                          "allow": allow is True})
+
     def on_control(self, message: dict[str, Any]) -> None:
         """A request from another instance for a turn running here."""
         session = self.sessions.get(str(message.get("session_id")))
-        if message.get("op") == "stop" and session is not None and session.turn is not None \
-                and session.turn.turn_id == message.get("turn_id"):
+        if session is None or session.turn is None or session.turn.turn_id != message.get("turn_id"):
+            return
+        if message.get("op") == "stop":
             session.turn.cancel_scope.cancel()
+        elif message.get("op") == "decide":
+            session.approvals.decide(str(message.get("turn_id")), str(message.get("id")),
+                                     message.get("allow") is True)
 
     async def take_over(self, session_id: str, orphan: Claim) -> None:
         """The instance running a turn died: close the turn (its reply so far is in the store,

@@ -204,10 +204,12 @@ class Meter:
                    anchor: Anchor | None = None) -> Reading:
         """Capacity and budget of ``route`` with the estimate of what would be sent to it."""
         capacity = await self.resolver.capacity(route)
-        schemas = tool_schema_tokens(tools)
+        schemas, servers = self.toolbox.memo(tools, self.schema_sizes)
         return Reading(route, capacity, self.resolver.budget(capacity), estimate + schemas, schemas,
-                       self.resolver.calibration.ratio(route), anchor, self.reserve,
-                       tokens_by_server(self.toolbox, tools))
+                       self.resolver.calibration.ratio(route), anchor, self.reserve, servers)
+
+    def schema_sizes(self, tools: Sequence[ToolSpec]) -> tuple[int, tuple[tuple[str, int], ...]]:
+        return tool_schema_tokens(tools), tokens_by_server(self.toolbox, tools)
 
     def frame(self, reading: Reading, ledger: HistoryLedger, reason: str, reported: int | None = None,
               trimmed: int = 0) -> dict[str, Any]:

@@ -194,6 +194,17 @@ class SessionHub:
         elif remote:
             self.spawn(self.instances.stop_elsewhere, session.id)
 
+    def decide(self, session: Session, turn_id: str, call_id: str, allow: bool) -> None:
+        """The user's answer to a call waiting for approval (allow once, or deny)."""
+        session = self.cache.cached(session)
+        if session.approvals.decide(turn_id, call_id, allow):
+            return
+        if session.turn is None and self.live_turns is not None:  # the turn may run on another instance
+            self.spawn(self.live_turns.decide_remote, session.id, turn_id, call_id, allow)
+            return
+        raise BadFrame(f"tool_decision: no call {echo(call_id)} of turn {echo(turn_id)} waits for an "
+                       f"answer (it was answered, timed out or its turn ended)")
+
     async def submit(self, session: Session, message_id: str, content: str,
                      payloads: list[ImagePayload], retry_of: str | None = None,
                      edit_of: str | None = None) -> None:

@@ -34,6 +34,7 @@ from server.history.trim import TrimReport, sweep_orphans
 from server.protocol import server_frame
 from server.routing.meter import Anchor, Meter, Reading
 from server.routing.resolver import Route
+from server.sessions.approvals import Approvals
 from server.sessions.channel import Frame, FrameChannel
 from server.sessions.metrics import COUNTED, Metrics
 from server.sessions.notices import OBSERVED, Notice, Notices
@@ -84,6 +85,7 @@ class Session:
         self.calls = calls if calls is not None else []
         self.trims = trims if trims is not None else []
         self.notices = Notices(notices)  # errors, notices, switches: the transcript's other lines
+        self.approvals = Approvals()  # tool calls waiting for the user's answer
         self._store = store
         self._meter = meter
         self.metrics = metrics or Metrics()

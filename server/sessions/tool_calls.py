@@ -14,10 +14,14 @@ from collections.abc import Callable, Sequence
 
 from server.history.messages import ChatMessage, ToolCall
 from server.history.trim import cap_tool_result
+from server.protocol import server_frame
 from server.providers.base import ToolSpec
+from server.sessions.approvals import Approvals
 from server.sessions.runtime import Runtime
-from server.tools.results import ToolOutput
+from server.tools.results import ToolOutput, tool_error
 
+DENIED = ("the user denied this call (the tool asks for approval before each call); do not call it "
+          "again for this request unless the user asks")
 _CUT = re.compile(r"\[\.\.\. (\d+) characters truncated \.\.\.\]")
 
 Emit = Callable[..., None]
@@ -32,11 +36,13 @@ def cut_chars(capped: str, original: str) -> int:
 
 
 class ToolRound:
-    def __init__(self, rt: Runtime, turn_id: str, emit: Emit, offered: Sequence[ToolSpec]) -> None:
+    def __init__(self, rt: Runtime, turn_id: str, emit: Emit, offered: Sequence[ToolSpec],
+                 approvals: Approvals) -> None:
         self.rt = rt
         self.turn_id = turn_id
         self.emit = emit
         self.offered = offered
+        self.approvals = approvals
 
     async def run(self, calls: Sequence[ToolCall]) -> list[ChatMessage]:
         return [await self.run_one(call) for call in calls]
@@ -46,8 +52,19 @@ class ToolRound:
         server = {"server": tool.server} if tool is not None else {}
         self.emit("tool_call", turn_id=self.turn_id, id=call.id, name=call.name, args=call.arguments,
                   **server)
+        if tool is not None and tool.approve == "always" and not await self.approved(call, tool.server):
+            return self.record(call, server, tool_error(DENIED))
         output = await self.rt.toolbox.run(call.name, call.arguments, self.offered)
         return self.record(call, server, output)
+
+    async def approved(self, call: ToolCall, server: str) -> bool:
+        """Ask the page; the turn waits (nothing else does) until the answer or the timeout."""
+        frame = server_frame("tool_approval", turn_id=self.turn_id, id=call.id, name=call.name,
+                             server=server, args=call.arguments)
+        self.emit("tool_approval", **{k: v for k, v in frame.items() if k != "type"})
+        allow = await self.approvals.ask(frame, self.rt.options.tool_approval_timeout_seconds)
+        self.emit("tool_decided", turn_id=self.turn_id, id=call.id, allow=allow)
+        return allow
 
     def record(self, call: ToolCall, server: dict[str, str], output: ToolOutput) -> ChatMessage:
         text = cap_tool_result(output.text, self.rt.options.max_tool_result_chars)

@@ -28,7 +28,7 @@ from server.errors import (
     StoreUnavailable,
     error_frame,
 )
-from server.history.messages import ChatMessage, ToolCall, estimate_history_tokens
+from server.history.messages import ChatMessage, ToolCall, estimate_history_tokens, without_old_tool_images
 from server.history.trim import REASON_OVERFLOW, TrimReport, recovery_budget, sweep_orphans
 from server.protocol import server_frame
 from server.providers.base import (
@@ -92,6 +92,7 @@ class Turn:
         self.sent: Reading | None = None  # the reading of the request last sent
         self.reply_count: int | None = None  # the provider's count of the reply being finished
         self.final_at: str | None = None  # when the final reply began: the page's hover time
+        self.call_ids: set[str] | None = None  # tool call ids the session holds (unique_call_id)
 
     # --- frames -------------------------------------------------------------------------------
 
@@ -243,7 +244,7 @@ class Turn:
             await self.run_tools(result.tool_calls)
 
     async def prepare(self, final: bool) -> tuple[list[ChatMessage], Reading]:
-        messages = sweep_orphans(self.session.to_send())
+        messages = without_old_tool_images(sweep_orphans(self.session.to_send()))
         if final:
             messages.append(ChatMessage("user", FINAL_ANSWER_PROMPT, turn_id=self.turn_id))
         estimate = estimate_history_tokens(messages, self.options.image_token_cost)
@@ -294,11 +295,24 @@ class Turn:
             self.emit("thinking", turn_id=self.turn_id, content=event.text)
             self.writer.think(event.text)
         elif isinstance(event, ToolCallEvent):
-            result.tool_calls.append(ToolCall(event.id, event.name, event.arguments))
+            result.tool_calls.append(ToolCall(self.unique_call_id(event.id), event.name, event.arguments))
         elif isinstance(event, Usage):
             result.usage = event
         elif isinstance(event, Finish):
             result.finish = event.reason
+
+    def unique_call_id(self, given: str) -> str:
+        """A call id no earlier call of the session has: results pair with calls by id, and some
+        OpenAI-compatible servers send none (the dialect then numbers calls per reply, call_0, ...),
+        so a repeated id would make the later result look answered already and drop it."""
+        if self.call_ids is None:
+            self.call_ids = {c.id for m in self.session.snapshot() for c in m.tool_calls or ()}
+        unique, n = given or "call", 1
+        while unique in self.call_ids:
+            n += 1
+            unique = f"{given or 'call'}_{self.turn_id[:8]}_{n}"
+        self.call_ids.add(unique)
+        return unique
 
     async def account(self, usage: Usage, reading: Reading) -> None:
         calibration = self.rt.resolver.calibration
@@ -362,7 +376,8 @@ class Turn:
 
     async def run_tools(self, calls: list[ToolCall]) -> None:
         await self.finish_reply(interrupted=False, tool_calls=calls)  # a reply asking for tools is complete
-        results = await ToolRound(self.rt, self.turn_id, self.emit, self.tools()).run(calls)
+        results = await ToolRound(self.rt, self.turn_id, self.emit, self.tools(),
+                                  self.session.approvals).run(calls)
         self.session.add(*results)
         await self.rt.store.append_messages(self.session.id, results)
 

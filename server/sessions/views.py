@@ -71,6 +71,8 @@ def message_view(message: ChatMessage, session_id: str = "") -> dict[str, Any]:
     view.update({k: v for k, v in optional.items() if v})
     if message.tool_calls:
         view["tool_calls"] = [{"id": c.id, "name": c.name, "args": c.arguments} for c in message.tool_calls]
+    if message.role == "tool":  # its size as recorded, though ``content`` may be clipped here
+        view["tokens"] = message.text_tokens
     if message.images:
         view["images"] = len(message.images)
         view["image_urls"] = image_urls(session_id, message)
@@ -149,7 +151,7 @@ def history_frame(session: Session, page: int) -> Frame:
     start = page_start(messages, len(messages), page)
     frame = server_frame("history", messages=transcript_views(session, start), older=start or None,
                          trims=list(session.trims) or None, notices=session.notices.shown(),
-                         turn_in_flight=running)
+                         turn_in_flight=running, approvals=session.approvals.frames() or None)
     return {**frame, "seq": session.seq}
 
 

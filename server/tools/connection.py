@@ -41,7 +41,6 @@ class McpConnection:
         self.tools: list[McpTool] = []
         self.client: Client | None = None
         self.error = "not started yet"  # why the server is not ready ("" when it is)
-        self.attempts = 0  # connections tried; a test waits for a restart on it
         self.first_outcome = anyio.Event()  # set once the first start succeeded or failed
         self._broken = anyio.Event()
         self._ready = anyio.Event()
@@ -61,7 +60,6 @@ class McpConnection:
     async def supervise(self) -> None:
         delay = BACKOFF_FIRST_SECONDS
         while True:
-            self.attempts += 1
             started = await self._connect_once()
             if started:
                 delay = BACKOFF_FIRST_SECONDS

@@ -14,7 +14,7 @@ call by the model-facing name and never raises.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -30,6 +30,7 @@ from server.tools.results import ToolOutput, tool_error
 log = logging.getLogger(__name__)
 
 BUILTIN = "built-in"  # the server name the page and the meter show for the demo's lookup
+SCHEMA_MEMO_ENTRIES = 64
 BUILTIN_TOOLS = [McpTool(BUILTIN, spec.name, spec, "never") for spec in demo.tool_specs()]
 
 
@@ -37,6 +38,9 @@ class Toolbox:
     def __init__(self, servers: Mapping[str, McpServerSettings], max_image_bytes: int) -> None:
         self.connections = {name: McpConnection(s, max_image_bytes)
                             for name, s in servers.items() if s.enabled}
+        self._index: dict[str, McpTool] = {}
+        self._indexed: tuple[list[McpTool], ...] | None = None  # the listings the index was built from
+        self._schemas: dict[tuple[int, ...], tuple[Sequence[ToolSpec], Any]] = {}
 
     async def start(self, tasks: TaskGroup) -> None:
         for connection in self.connections.values():
@@ -60,14 +64,27 @@ class Toolbox:
         return [tool.spec for tool in self.offered(profile)]
 
     def find(self, name: str) -> McpTool | None:
-        for tool in BUILTIN_TOOLS:
-            if tool.spec.name == name:
-                return tool
-        for connection in self.connections.values():
-            for tool in connection.tools:
-                if tool.spec.name == name:
-                    return tool
-        return None
+        """The tool offered as ``name`` (an index rebuilt only when a server's listing changed:
+        the meter asks for every offered tool on every reading)."""
+        listings = tuple(c.tools for c in self.connections.values())
+        if self._indexed is None or any(now is not then for now, then in zip(listings, self._indexed,
+                                                                              strict=True)):
+            self._index = {t.spec.name: t for c in self.connections.values() for t in c.tools}
+            self._index.update((t.spec.name, t) for t in BUILTIN_TOOLS)
+            self._indexed = listings
+        return self._index.get(name)
+
+    def memo(self, tools: Sequence[ToolSpec], compute: Callable[[Sequence[ToolSpec]], Any]) -> Any:
+        """``compute(tools)`` once per list of the same specs (the meter's schema sizes: a JSON dump
+        of every offered schema on every reading otherwise). The entry holds the specs, so their
+        ids, the key, cannot be reused while it is kept."""
+        key = tuple(id(spec) for spec in tools)
+        hit = self._schemas.get(key)
+        if hit is None:
+            if len(self._schemas) >= SCHEMA_MEMO_ENTRIES:
+                self._schemas.clear()
+            hit = self._schemas[key] = (tuple(tools), compute(tools))
+        return hit[1]
 
     def resolve(self, name: str, offered: Sequence[ToolSpec]) -> McpTool | None:
         """The tool a call names, when it is among those ``offered`` (a model may name any)."""

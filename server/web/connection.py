@@ -190,6 +190,8 @@ class Connection:
             self.hub.stop(session)
         elif frame.type == "history_before":
             self.send_local(self.hub.history_before(session, frame.get("before_id"), frame.get("limit")))
+        elif frame.type == "tool_decision":
+            self.hub.decide(session, frame.get("turn_id"), frame.get("id"), frame.get("allow"))
         elif frame.type == "preview_edit":  # an answer for this client alone, like its errors
             self.send_local(await self.hub.preview_edit(session, frame.get("turn_id")))
 

@@ -57,6 +57,7 @@ transcript.on((change, subject, extra) => {
 view.bind("copy", (entry) => copyText(entry.text));
 view.bind("older", () => connection.send({ type: "history_before", before_id: transcript.oldestId() }));
 view.bind("edit", (entry) => editTurn(entry));
+view.bind("decide", (call, allow) => connection.send({ type: "tool_decision", turn_id: call.turnId, id: call.id, allow }));
 view.bind("flip", (entry, step) => transcript.flip(entry.turnId, step));
 view.bind("regenerate", (entry) => {
   const user = transcript.userOfTurn(entry.turnId);
@@ -122,6 +123,7 @@ const handlers = {
   },
   history(f) {
     transcript.reset(f.messages || [], f.trims || [], f.turn_in_flight || null, f.older || 0, f.notices || [], retryTurn);
+    for (const asked of f.approvals || []) transcript.toolApproval(asked);
     view.render("older", transcript.older);
     meter.render("trims", transcript.trims);
   },
@@ -149,6 +151,8 @@ const handlers = {
   thinking: (f) => transcript.thinking(f),
   tool_call: (f) => transcript.toolCall(f),
   tool_result: (f) => transcript.toolResult(f),
+  tool_approval: (f) => transcript.toolApproval(f),
+  tool_decided: (f) => transcript.toolDecided(f),
   history_trimmed(f) {
     transcript.trimmed(f);
     meter.render("trims", transcript.trims);

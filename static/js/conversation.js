@@ -163,7 +163,7 @@ export class ConversationView {
     const signature = tools.map((t) => `${t.id}:${t.state}`).join(",");
     if (this.toolSignatures.get(box) === signature) return;
     this.toolSignatures.set(box, signature);
-    box.replaceChildren(...tools.map((call) => toolCallNode(call, this.openTools)));
+    box.replaceChildren(...tools.map((call) => toolCallNode(call, this.openTools, this.handlers)));
   }
 
   fillVersions(box, entry) {
@@ -296,14 +296,16 @@ function trimNotice(f) {
   return el("div", { class: "notice trim", "data-testid": "trim-notice", dataset: { reason: f.reason } }, `${text}.`);
 }
 
-function toolCallNode(call, openTools) {
+function toolCallNode(call, openTools, handlers) {
   const args = typeof call.args === "string" ? call.args : JSON.stringify(call.args ?? {}, null, 2);
+  const asking = call.state === "approval";
   const node = el(
     "details",
-    { class: "tool", open: openTools.has(call.id), dataset: { toolCallId: call.id, state: call.state } },
+    { class: "tool", open: asking || openTools.has(call.id), dataset: { toolCallId: call.id, state: call.state } },
     el("summary", {}, ...toolSummary(call)),
-    el("pre", { class: "tool-args", "data-testid": "tool-args", text: args }),
   );
+  if (asking) node.append(approvalBar(call, handlers));
+  node.append(el("pre", { class: "tool-args", "data-testid": "tool-args", text: args }));
   if (call.output !== undefined) node.append(toolOutput(call.output));
   node.addEventListener("toggle", () => (node.open ? openTools.add(call.id) : openTools.delete(call.id)));
   return node;
@@ -319,11 +321,30 @@ function storedImage(url) {
   return img;
 }
 
+// The question a call with approve = "always" waits on: these arguments, this once, or not at all.
+function approvalBar(call, handlers) {
+  const answer = (allow) => (event) => {
+    for (const button of event.currentTarget.parentElement.querySelectorAll("button")) button.disabled = true;
+    handlers.decide?.(call, allow);
+  };
+  return el(
+    "div",
+    { class: "tool-approval", role: "group", "aria-label": "Approve this tool call", "data-testid": "tool-approval" },
+    el("span", { text: `Run ${call.name}${call.server ? ` on ${call.server}` : ""} with these arguments?` }),
+    el("button", { type: "button", class: "primary", "data-testid": "tool-allow", text: "Allow once", onclick: answer(true) }),
+    el("button", { type: "button", "data-testid": "tool-deny", text: "Deny", onclick: answer(false) }),
+  );
+}
+
 // The collapsed line of a call: its tool and server, then a spinner while it runs, or what its
 // result costs in tokens (and what the cap cut) once it is back.
 function toolSummary(call) {
   const parts = ["Tool ", el("code", { text: call.name })];
   if (call.server) parts.push(el("span", { class: "tool-server", "data-testid": "tool-server", text: ` on ${call.server}` }));
+  if (call.state === "approval") {
+    parts.push(el("span", { class: "tool-size", text: " · waiting for your approval" }));
+    return parts;
+  }
   if (call.state === "running") {
     parts.push(el("span", { class: "spinner", role: "status", "aria-label": "running", "data-testid": "tool-spinner" }));
     return parts;

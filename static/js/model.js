@@ -164,8 +164,28 @@ export class Transcript {
 
   toolCall(f) {
     const entry = this.reply(f.turn_id);
-    const call = { id: f.id, name: f.name, args: f.args, server: f.server || null, state: "running" };
+    const call = { id: f.id, name: f.name, args: f.args, server: f.server || null, state: "running", turnId: f.turn_id };
     this.update(entry, { tools: [...entry.tools, call] });
+  }
+
+  // A call waits for the user's answer (live, or again from a reload's history frame).
+  toolApproval(f) {
+    const entry = this.reply(f.turn_id);
+    let call = entry.tools.find((t) => t.id === f.id);
+    if (!call) {
+      call = { id: f.id, name: f.name, args: f.args, server: f.server, turnId: f.turn_id };
+      entry.tools = [...entry.tools, call];
+    }
+    Object.assign(call, { state: "approval", turnId: f.turn_id });
+    this.update(entry, {});
+  }
+
+  toolDecided(f) {
+    const entry = this.reply(f.turn_id);
+    const call = entry.tools.find((t) => t.id === f.id);
+    if (!call || call.state !== "approval") return;
+    call.state = f.allow ? "running" : "denied";
+    this.update(entry, {});
   }
 
   toolResult(f) {

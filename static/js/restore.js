@@ -80,14 +80,14 @@ function storedResult(t, m, base) {
   const call = reply && reply.tools.find((c) => c.id === m.tool_call_id);
   if (!call) return [item("tool", { ...base, role: "tool", name: m.name, output: m.content })];
   const error = typeof m.content === "string" && m.content.startsWith("error: ");
-  Object.assign(call, { output: m.content, state: error ? "error" : "done", tokens: resultTokens(m.content), cut: cutChars(m.content) });
+  Object.assign(call, { output: m.content, state: error ? "error" : "done", tokens: typeof m.tokens === "number" ? m.tokens : resultTokens(m.content), cut: cutChars(m.content) });
   return [];
 }
 
 // The live page grows one reply element per turn (tool calls, then the final text); the history
 // has one message per provider call: they join again here.
 function storedReply(t, m, base, inFlight) {
-  const calls = (m.tool_calls || []).map((c) => ({ id: c.id, name: c.name, args: c.args, server: serverOf(c.name), state: "running" }));
+  const calls = (m.tool_calls || []).map((c) => ({ id: c.id, name: c.name, args: c.args, server: serverOf(c.name), state: "running", turnId: m.turn_id }));
   // A turn still running shows as streaming (its frames follow), not as "stopped".
   const state = m.streaming || (inFlight && m.turn_id === inFlight) ? "streaming" : m.interrupted ? "stopped" : "done";
   const fields = { state, foot: m.usage ? footText(m.usage) : state === "stopped" ? "stopped" : "" };
