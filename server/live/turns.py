@@ -53,9 +53,11 @@ class LiveInstances:
     def __init__(self, live: RedisLive) -> None:
         self.live = live
         self.sessions: dict[str, Session] = {}
+        self.spawn: Callable[..., None] = lambda *args: None  # the hub's, once it serves
 
     def serve(self, sessions: dict[str, Session], spawn: Callable[..., None]) -> None:
         self.sessions = sessions
+        self.spawn = spawn
         self.live.on_control = self.on_control
         self.live.on_orphan = lambda session_id, claim: spawn(self.take_over, session_id, claim)
 
@@ -130,6 +132,10 @@ class LiveInstances:
         if claim is not None and claim.instance != self.live.instance:
             await self.live.send_control(claim.instance, {"op": "stop", "session_id": session_id,
                                                           "turn_id": claim.turn_id})
+
+    def forward_decision(self, session_id: str, turn_id: str, call_id: str, allow: bool) -> bool:
+        self.spawn(self.decide_remote, session_id, turn_id, call_id, allow)
+        return True
 
     async def decide_remote(self, session_id: str, turn_id: str, call_id: str, allow: bool) -> None:
         """An answer to a tool approval, for the instance whose turn asked (an answer nobody waits

@@ -199,9 +199,8 @@ class SessionHub:
         session = self.cache.cached(session)
         if session.approvals.decide(turn_id, call_id, allow):
             return
-        if session.turn is None and self.live_turns is not None:  # the turn may run on another instance
-            self.spawn(self.live_turns.decide_remote, session.id, turn_id, call_id, allow)
-            return
+        if session.turn is None and self.instances.forward_decision(session.id, turn_id, call_id, allow):
+            return  # the turn may run on another instance
         raise BadFrame(f"tool_decision: no call {echo(call_id)} of turn {echo(turn_id)} waits for an "
                        f"answer (it was answered, timed out or its turn ended)")
 

@@ -11,6 +11,8 @@ both modes: ``server.live.turns.LiveInstances`` answers through Redis, ``SoleIns
   keeps it while the turn runs (``keep``) and lets go after (``release``).
 - ``turn_elsewhere``: a turn another instance runs, for a client joining mid-turn.
 - ``stop_elsewhere``: forward ``stop`` to the instance that runs the session's turn.
+- ``forward_decision``: send a tool approval's answer to the instance that runs the turn; False
+  when no other instance can run one (then nobody waits for it).
 - ``turn_running``: whether any instance holds the session for a turn (a restore leaves its
   unanswered tool calls alone then).
 - ``forget_idle``: drop a cached session nobody watches here (another instance may change it).
@@ -53,6 +55,8 @@ class Instances(Protocol):
 
     async def stop_elsewhere(self, session_id: str) -> None: ...
 
+    def forward_decision(self, session_id: str, turn_id: str, call_id: str, allow: bool) -> bool: ...
+
     async def turn_running(self, session_id: str) -> bool: ...
 
     def forget_idle(self, session: Session) -> None: ...
@@ -94,6 +98,9 @@ class SoleInstance:
 
     async def stop_elsewhere(self, session_id: str) -> None:
         return None
+
+    def forward_decision(self, session_id: str, turn_id: str, call_id: str, allow: bool) -> bool:
+        return False
 
     async def turn_running(self, session_id: str) -> bool:
         return False  # the cache holds every session with a running turn
