@@ -151,6 +151,30 @@ async def test_content_length_and_close_delimited_bodies():
     assert len(accepted) == 2
 
 
+async def test_an_answer_before_the_whole_request_body_is_read():
+    async def refuse(stream: anyio.abc.SocketStream) -> None:
+        await read_request(stream)
+        await stream.send(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 8\r\nConnection: close\r\n\r\n"
+                          b"too big!")
+
+    async with raw_server(refuse) as (url, _):
+        async with fast_client() as http:
+            response = await http.post(url, content=b"x" * (32 << 20))
+    assert response.status_code == 413 and response.content == b"too big!"
+
+
+async def test_a_head_request_reads_no_body_and_interim_responses_are_skipped():
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"
+    interim = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    async with raw_server(answering(head, interim)) as (url, accepted):
+        async with fast_client() as http:
+            response = await http.head(url)
+            assert response.status_code == 200 and response.content == b""
+            assert response.headers["content-length"] == "5"
+            assert (await http.get(url)).content == b"ok"
+    assert len(accepted) == 1
+
+
 async def test_a_chunked_body_with_extensions_and_trailers():
     body = b"5;name=value\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: 1\r\n\r\n"
     response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + body

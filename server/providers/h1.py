@@ -144,7 +144,10 @@ class H1Connection(httpcore.AsyncConnectionInterface):
             if new:
                 await self._connect(request, timeouts.get("connect"))
             self._reader.expect(head_only=request.method == b"HEAD")
-            await self._send(request, timeouts.get("write"))
+            try:
+                await self._send(request, timeouts.get("write"))
+            except httpcore.WriteError:
+                pass  # as httpcore does: a server may answer (a 413) and close before reading it all
             await self._head(timeouts.get("read"))
         except BaseException:
             await self.aclose()

@@ -145,7 +145,9 @@ class ResponseReader(asyncio.Protocol):
         # HTTP/1.0 keep-alive is not kept, as h11 (httpx's parser) does not keep it
         self.keep_alive = version == "1.1" and parser.should_keep_alive()
         if self._head_only:
-            self.done, self.keep_alive = True, False  # llhttp would wait for the body a HEAD has not
+            # llhttp would wait for the body a HEAD response has not; the next request gets a
+            # parser of its own, and bytes before it make the connection stale.
+            self.done = True
         else:
             self._until_eof = status not in _NO_BODY and not self._has_length()
 
