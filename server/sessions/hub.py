@@ -33,6 +33,7 @@ from server.sessions.cache import DEFAULT_TITLE, SessionCache
 from server.sessions.channel import Frame, Outbox
 from server.sessions.compaction_runner import compaction_for
 from server.sessions.images import decode_images
+from server.sessions.quota import Quota
 from server.sessions.runtime import Runtime
 from server.sessions.session import Session, TurnHandle, utc_now
 from server.sessions.turn import Turn
@@ -53,6 +54,7 @@ class SessionHub:
         self.live_turns = LiveTurns(live, self.cache.sessions, self.spawn) if live is not None else None
         self.unsaved = UnsavedWriter(self.spawn)
         self.compaction = compaction_for(rt.options)
+        self.quota = Quota(rt.settings.auth, rt.store)  # a signed-in user's turns and daily tokens
         self.coalesce_seconds = rt.settings.server.coalesce_ms / 1000
         self.connections = 0
 
@@ -104,9 +106,16 @@ class SessionHub:
             self._forget_idle(session)
 
     async def after_hello(self, session: Session) -> None:
-        """Announce the restore trim (once) and send the meter for the session's route."""
+        """Announce the restore trim (once) and send the meter for the session's route (and, for a
+        user with a daily budget, what is left of it)."""
         if not await self.cache.restores.announce(session):
             await session.emit_meter(session.route, "hello")
+        await self.send_budget(session)
+
+    async def send_budget(self, session: Session) -> None:
+        frame = await self.quota.frame(session.owner)
+        if frame is not None:
+            session.emit(frame)
 
     async def drain(self, grace: float) -> None:
         """The server is shutting down: end every ``/events`` stream, stop every turn and wait (at
@@ -205,11 +214,15 @@ class SessionHub:
             raise Busy("a reply is still being written in this session; stop it or wait for it to finish")
         if session.knows(message_id):
             raise BadFrame(f"message.id {message_id!r} is already used by another message in this session")
+        if session.owner is not None:
+            await self.quota.check_budget(session.owner)
         if session.unsaved:
             await session.save_reply()  # the earlier reply first, or StoreUnavailable and nothing stored
         replaces = Replaces.of(session, retry_of, edit_of)
         images = decode_images(payloads, self.rt.options.max_image_bytes)
         turn_id = uuid.uuid4().hex[:12]
+        if session.owner is not None:  # no await from here to the claim: two tabs cannot both pass
+            self.quota.check_turns(session.owner, self.cache.sessions.values())
         # Claim the session before the first await: two tabs sending at once start one turn.
         handle = session.turn = TurnHandle(turn_id, anyio.CancelScope())
         claim: Claim | None = None
@@ -287,6 +300,7 @@ class SessionHub:
             self.unsaved.after_turn(session)
         if turn.route != session.route:
             await session.emit_meter(session.route, "done")
+        self.spawn(self.send_budget, session)
 
     async def _abort(self, session: Session, turn: Turn) -> None:
         try:

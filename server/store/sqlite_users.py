@@ -113,5 +113,8 @@ class SqliteUsers:
     async def delete_token(self, user_id: str, token_id: str) -> bool:
         return await self._change((sql.DELETE_TOKEN, (user_id, token_id))) > 0
 
+    async def tokens_since(self, user_id: str, since: str) -> int:
+        return int((await self._read(sql.TOKENS_SINCE, user_id, since))[0][0])
+
     async def usage_since(self, since: str) -> list[UsageRow]:
         return [usage_of(row) for row in await self._read(sql.USAGE, since)]

@@ -88,6 +88,7 @@ class UserStore(Protocol):
     async def list_tokens(self, user_id: str) -> list[ApiToken]: ...
     async def delete_token(self, user_id: str, token_id: str) -> bool: ...
     async def usage_since(self, since: str) -> list[UsageRow]: ...
+    async def tokens_since(self, user_id: str, since: str) -> int: ...  # input + output, all sessions
 
 
 USER_COLUMNS = "u.id, u.name, u.email, u.role, u.password_hash, u.created_at, u.disabled, u.subject"
@@ -126,6 +127,10 @@ USAGE = (f"SELECT {USER_COLUMNS}, (SELECT COUNT(*) FROM sessions s WHERE s.owner
          "LEFT JOIN calls c ON c.session_id = s2.id AND c.created_at >= ? "
          "GROUP BY u.id, u.name, u.email, u.role, u.password_hash, u.created_at, u.disabled, u.subject "
          "ORDER BY u.created_at")
+
+
+TOKENS_SINCE = ("SELECT COALESCE(SUM(c.input_tokens + c.output_tokens), 0) FROM calls c "
+                "JOIN sessions s ON s.id = c.session_id WHERE s.owner_id = ? AND c.created_at >= ?")
 
 
 def keys_in(sql: str, count: int) -> str:

@@ -48,6 +48,7 @@ from server.web.access import AccessGuard, redact_tokens_in_logs
 from server.web.api import EXCEPTION_HANDLERS, ApiState, OnChange, api_routes
 from server.web.auth import Authenticator, offered_subprotocols
 from server.web.connection import Connection
+from server.web.limits import UserBuckets
 from server.web.revocation import Revocations
 from server.web.signin import Signin, signin_routes
 
@@ -87,6 +88,7 @@ class AppState(ApiState):
     hub: SessionHub
     bus: EventBus
     revocations: Revocations
+    user_buckets: UserBuckets
 
 
 def create_app(settings: Settings | None = None) -> Starlette:
@@ -97,6 +99,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
 
     mode = settings.auth_mode
     revocations = Revocations(store, settings.auth.revocation_check_ms / 1000)
+    user_buckets = UserBuckets(settings.auth.user_frame_rate, settings.auth.user_frame_burst)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[AppState]:
@@ -115,7 +118,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 hub = SessionHub(rt, live)
                 app.state.drain = hub.drain  # awaited first on SIGTERM (server.web.serving.DrainingServer)
                 yield {"store": store, "on_change": live_sessions_follow(hub), "hub": hub, "bus": rt.bus,
-                       "revocations": revocations}
+                       "revocations": revocations, "user_buckets": user_buckets}
                 tasks.cancel_scope.cancel()
         finally:
             if live is not None:
@@ -182,14 +185,15 @@ def create_app(settings: Settings | None = None) -> Starlette:
 
 async def watched_connection(websocket: WebSocket[AppState], viewer: Viewer) -> None:
     """Serve the socket until it ends or its sign-in is revoked; then close it with 4401."""
-    with websocket.state["revocations"].track(viewer) as revoked:
+    state = websocket.state
+    with state["revocations"].track(viewer) as revoked, state["user_buckets"].of(viewer.owner) as bucket:
         async with anyio.create_task_group() as tasks:
             async def close_when_revoked() -> None:
                 await revoked.wait()
                 tasks.cancel_scope.cancel()
 
             tasks.start_soon(close_when_revoked)
-            await Connection(websocket, websocket.state["hub"], viewer.owner).run()
+            await Connection(websocket, state["hub"], viewer.owner, bucket).run()
             tasks.cancel_scope.cancel()
         if revoked.is_set():
             with contextlib.suppress(RuntimeError, OSError):
