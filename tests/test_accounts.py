@@ -239,3 +239,26 @@ async def test_accounts_admin_lists_users_with_usage_and_a_user_cannot(tmp_path)
     assert rows["alice"]["sessions"] == 1 and rows["alice"]["input_tokens"] > 0
     assert rows["admin"]["sessions"] == 0 and rows["admin"]["role"] == "admin"
     assert refused.status_code == 404
+
+
+async def test_accounts_a_sign_in_flood_is_bounded_and_healthz_answers(tmp_path):
+    settings = accounts_settings(tmp_path)
+    await add_users(settings.server.data_dir, "alice")
+    with serve(settings) as address:
+        async with httpx.AsyncClient(base_url=f"http://{address}", timeout=30) as http:
+            statuses: list[int] = []
+
+            async def attempt(n: int) -> None:
+                body = {"name": f"user{n}", "password": "x" * 1024}  # the longest password taken
+                statuses.append((await http.post("/api/auth/signin", json=body)).status_code)
+
+            async with anyio.create_task_group() as tasks:
+                for n in range(40):
+                    tasks.start_soon(attempt, n)
+                with anyio.fail_after(5):
+                    health = await http.get("/healthz")
+            huge = await http.post("/api/auth/signin", content=b'{"name": "' + b"a" * 1_000_000 + b'"}',
+                                   headers={"Content-Type": "application/json"})
+    assert health.status_code == 200
+    assert sorted(set(statuses)) == [401, 429] and statuses.count(401) <= 20  # 4 x signin_attempts
+    assert huge.status_code == 413

@@ -84,6 +84,9 @@ class PostgresUsers:
     async def delete_login(self, key: str) -> None:
         await self._change((sql.DELETE_LOGIN, (key,)))
 
+    async def prune_logins(self, now: str) -> int:
+        return await self._change((sql.PRUNE_LOGINS, (now,)))
+
     async def live_logins(self, keys: list[str], now: str) -> set[str]:
         return {row[0] for row in await self._read(sql.keys_in(sql.LIVE_LOGINS, len(keys)), *keys, now)}
 

@@ -223,9 +223,12 @@ class OwnedSessions:
 
     async def __call__(self, session_id: str) -> bool:
         if session_id not in self.known:
+            owner = await self.store.session_owner(session_id)
+            if owner is None:
+                return False  # not stored yet (a new session's first lines): asked again next time
             if len(self.known) >= self.LIMIT:
                 self.known.pop(next(iter(self.known)))
-            self.known[session_id] = self.viewer.sees(await self.store.session_owner(session_id))
+            self.known[session_id] = self.viewer.sees(owner)
         return self.known[session_id]
 
 

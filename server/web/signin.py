@@ -44,9 +44,10 @@ WINDOW_SECONDS = 60.0
 
 
 class SigninLimiter:
-    """At most ``attempts`` failed sign-ins a minute for one name from one address, and four times
-    that for any names from one address; the next is refused (429) with the wait, before any
-    password is hashed. Kept per process (a bound, not a ledger: an attacker spreading over
+    """At most ``attempts`` sign-ins a minute for one name from one address (a success forgets that
+    name's), and four times that for any names from one address; the next is refused (429) with the
+    wait, before any password is hashed. An attempt counts when it starts, so many sent at once are
+    held to the same bound. Kept per process (a bound, not a ledger: an attacker spreading over
     instances gets a multiple of it, never unlimited)."""
 
     def __init__(self, attempts: int, clock: Any = time.monotonic) -> None:
@@ -54,14 +55,13 @@ class SigninLimiter:
         self.clock = clock
         self.failures: OrderedDict[tuple[str, str], deque[float]] = OrderedDict()
 
-    def check(self, address: str, name: str) -> None:
+    def attempt(self, address: str, name: str) -> None:
+        """Count an attempt, or refuse it (``SigninFlood``) when it is one too many."""
         for key, limit in (((address, name.lower()), self.attempts), ((address, ""), 4 * self.attempts)):
             times = self._recent(key)
             if len(times) >= limit:
                 wait = max(1, round(times[0] + WINDOW_SECONDS - self.clock()))
                 raise SigninFlood(f"too many failed sign-ins from your address; try again in {wait} s")
-
-    def failed(self, address: str, name: str) -> None:
         for key in ((address, name.lower()), (address, "")):
             self.failures.setdefault(key, deque()).append(self.clock())
             self.failures.move_to_end(key)
@@ -118,12 +118,11 @@ class Signin:
             raise UnknownSession("this server has no accounts to sign in to")
         name, password = _credentials(await read_json(request, MAX_SIGNIN_BYTES, self.reading))
         address = address_of(request)
-        self.limiter.check(address, name)
+        self.limiter.attempt(address, name)
         store = store_of(request)
         user = await store.find_user(name)
         good = await verify(user.password_hash if user else None, password)
         if user is None or not good or user.disabled:
-            self.limiter.failed(address, name)
             raise Unauthorized("wrong name or password (or the account is disabled)")
         self.limiter.succeeded(address, name)
         return await self.signed_in(request, user, JSONResponse({"user": user.public()}))
@@ -131,7 +130,9 @@ class Signin:
     async def signed_in(self, request: Request[Any], user: User, response: Response) -> Response:
         """``response`` carrying a new sign-in of ``user``: the row in the store, the cookie."""
         secret = secrets.token_urlsafe(32)
-        await store_of(request).create_login(secret_key(secret), user.id, utc_now(self.lifetime))
+        store = store_of(request)
+        await store.prune_logins(utc_now())  # expired rows go as new ones come: the table stays small
+        await store.create_login(secret_key(secret), user.id, utc_now(self.lifetime))
         response.set_cookie(COOKIE, secret, max_age=int(self.lifetime), path="/", httponly=True,
                             samesite="lax", secure=request.url.scheme == "https")
         return response
