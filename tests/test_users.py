@@ -103,6 +103,10 @@ async def test_users_api_tokens_are_found_by_hash_and_stamped(store: Store) -> N
     assert await store.token_user("hash-of-secret", "2026-12-02T00:00:00+00:00") == alice
     assert await store.token_user("other", utc_now()) is None
     assert (await store.list_tokens(alice.id))[0].last_used == "2026-12-02T00:00:00+00:00"
+    await store.token_user("hash-of-secret", "2026-12-02T00:00:30+00:00")  # the same minute: no write
+    assert (await store.list_tokens(alice.id))[0].last_used == "2026-12-02T00:00:00+00:00"
+    await store.token_user("hash-of-secret", "2026-12-02T00:01:00+00:00")
+    assert (await store.list_tokens(alice.id))[0].last_used == "2026-12-02T00:01:00+00:00"
     assert not await store.delete_token("someone-else", "t1")
     assert await store.delete_token(alice.id, "t1")
     assert await store.token_user("hash-of-secret", utc_now()) is None

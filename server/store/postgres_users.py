@@ -100,9 +100,9 @@ class PostgresUsers:
     async def token_user(self, token_hash: str, now: str) -> User | None:
         async with self._transaction() as conn:
             row = await (await conn.execute(dialect_sql(sql.TOKEN_USER), (token_hash,))).fetchone()
-            if row is not None:
+            if row is not None and sql.needs_stamp(row[8], now):
                 await conn.execute(dialect_sql(sql.STAMP_TOKEN), (now, token_hash))
-        return user_of(row) if row is not None else None
+        return user_of(row[:8]) if row is not None else None
 
     async def list_tokens(self, user_id: str) -> list[ApiToken]:
         return [ApiToken(*row) for row in await self._read(sql.USER_TOKENS, user_id)]

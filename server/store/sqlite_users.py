@@ -107,8 +107,9 @@ class SqliteUsers:
         rows = await self._read(sql.TOKEN_USER, token_hash)
         if not rows:
             return None
-        await self._change((sql.STAMP_TOKEN, (now, token_hash)))
-        return user_of(rows[0])
+        if sql.needs_stamp(rows[0][8], now):
+            await self._change((sql.STAMP_TOKEN, (now, token_hash)))
+        return user_of(rows[0][:8])
 
     async def list_tokens(self, user_id: str) -> list[ApiToken]:
         return [ApiToken(*row) for row in await self._read(sql.USER_TOKENS, user_id)]

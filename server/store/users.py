@@ -85,7 +85,8 @@ class UserStore(Protocol):
     async def live_logins(self, keys: list[str], now: str) -> set[str]: ...
     async def active_users(self, user_ids: list[str]) -> set[str]: ...
     async def create_token(self, token: ApiToken, token_hash: str) -> None: ...
-    async def token_user(self, token_hash: str, now: str) -> User | None: ...  # stamps last_used
+    # stamps last_used, to the minute (a script's every request is not a write)
+    async def token_user(self, token_hash: str, now: str) -> User | None: ...
     async def list_tokens(self, user_id: str) -> list[ApiToken]: ...
     async def delete_token(self, user_id: str, token_id: str) -> bool: ...
     async def usage_since(self, since: str) -> list[UsageRow]: ...
@@ -116,7 +117,7 @@ DELETE_LOGIN = "DELETE FROM logins WHERE id = ?"
 PRUNE_LOGINS = "DELETE FROM logins WHERE expires_at <= ?"
 INSERT_TOKEN = ("INSERT INTO api_tokens (id, user_id, name, token_hash, created_at, last_used) "
                 "VALUES (?, ?, ?, ?, ?, NULL)")
-TOKEN_USER = (f"SELECT {USER_COLUMNS} FROM api_tokens t JOIN users u ON u.id = t.user_id "
+TOKEN_USER = (f"SELECT {USER_COLUMNS}, t.last_used FROM api_tokens t JOIN users u ON u.id = t.user_id "
               "WHERE t.token_hash = ? AND u.disabled = 0")
 STAMP_TOKEN = "UPDATE api_tokens SET last_used = ? WHERE token_hash = ?"
 USER_TOKENS = ("SELECT id, user_id, name, created_at, last_used FROM api_tokens WHERE user_id = ? "
@@ -133,6 +134,10 @@ USAGE = (f"SELECT {USER_COLUMNS}, (SELECT COUNT(*) FROM sessions s WHERE s.owner
 
 TOKENS_SINCE = ("SELECT COALESCE(SUM(c.input_tokens + c.output_tokens), 0) FROM calls c "
                 "JOIN sessions s ON s.id = c.session_id WHERE s.owner_id = ? AND c.created_at >= ?")
+
+
+def needs_stamp(last_used: str | None, now: str) -> bool:
+    return last_used is None or last_used[:16] != now[:16]  # YYYY-MM-DDTHH:MM
 
 
 def keys_in(sql: str, count: int) -> str:
