@@ -234,11 +234,19 @@ async def test_accounts_admin_lists_users_with_usage_and_a_user_cannot(tmp_path)
         await alices_session(address, alice)
         async with http_as(address, admin) as http:
             rows = {row["name"]: row for row in (await http.get("/api/admin/users")).json()}
+            page = await http.get("/admin")
         async with http_as(address, alice) as http:
             refused = await http.get("/api/admin/users")
+            no_page, nothing = await http.get("/admin"), await http.get("/no-such-page")
+        async with httpx.AsyncClient(base_url=f"http://{address}") as http:
+            stranger = await http.get("/admin")
     assert rows["alice"]["sessions"] == 1 and rows["alice"]["input_tokens"] > 0
     assert rows["admin"]["sessions"] == 0 and rows["admin"]["role"] == "admin"
+    assert rows["alice"]["api_tokens"] == 0 and "password_hash" not in rows["alice"]
+    assert page.status_code == 200 and 'data-user="alice"' in page.text
     assert refused.status_code == 404
+    assert (no_page.status_code, no_page.text) == (nothing.status_code, nothing.text) == (404, "Not Found")
+    assert stranger.status_code == 303 and stranger.headers["location"] == "/signin"
 
 
 async def test_accounts_a_sign_in_flood_is_bounded_and_healthz_answers(tmp_path):

@@ -92,7 +92,7 @@ def peer_trusted(scope: Scope, trusted: Sequence[Network]) -> bool:
 
 
 def is_page(path: str) -> bool:
-    return path == "/" or path.startswith("/s/")
+    return path in ("/", "/admin") or path.startswith("/s/")
 
 
 def is_open(path: str, mode: str) -> bool:

@@ -8,6 +8,7 @@
     POST   /api/auth/tokens           {"name"} -> 201 {"id", "name", "token"} (the secret, shown once)
     DELETE /api/auth/tokens/{id}      204
     GET    /api/admin/users           200 [user with sessions, tokens and cost this month]; admins only
+    GET    /admin                     the same as a page; 404 for anyone but an admin
 
 Every POST goes through the front door's rules (``server.web.access``: JSON only, same Origin), so a
 page elsewhere can neither sign a visitor in nor out. The cookie is HttpOnly, SameSite=Lax, Secure
@@ -24,7 +25,7 @@ from collections import OrderedDict, deque
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from server.accounts.passwords import MAX_PASSWORD_CHARS, verify
@@ -180,14 +181,28 @@ class Signin:
         return Response(status_code=204)
 
     async def users(self, request: Request[Any]) -> Response:
+        return JSONResponse(await self.usage(request))
+
+    async def admin_page(self, request: Request[Any]) -> Response:
+        """The admin's page: every user with sessions, tokens and cost this month."""
+        viewer = viewer_in(request.scope)
+        if viewer is None or viewer.user is None or not viewer.user.admin:
+            return PlainTextResponse("Not Found", status_code=404)  # as any path that names nothing
+        response = self.templates.TemplateResponse(request, "admin.html", {
+            "static_prefix": "/static", "rows": await self.usage(request), "month": month_start()[:7],
+            "user": viewer.user})
+        response.headers["Content-Security-Policy"] = self.policy
+        return response
+
+    async def usage(self, request: Request[Any]) -> list[dict[str, Any]]:
         viewer = viewer_of(request)
         if viewer.user is None or not viewer.user.admin:
             raise UnknownSession("no such page")  # a user learns nothing, not even that it exists
         store = store_of(request)
         rows = usage_rows(await store.usage_since(month_start()))
         for row in rows:
-            row["tokens"] = len(await store.list_tokens(str(row["id"])))
-        return JSONResponse(rows)
+            row["api_tokens"] = len(await store.list_tokens(str(row["id"])))
+        return rows
 
 
 def _credentials(body: Any) -> tuple[str, str]:
@@ -211,4 +226,5 @@ def signin_routes(signin: Signin) -> list[Route]:
         Route("/api/auth/tokens", signin.new_token, methods=["POST"]),
         Route("/api/auth/tokens/{token_id}", signin.delete_token, methods=["DELETE"]),
         Route("/api/admin/users", signin.users, methods=["GET"]),
+        Route("/admin", signin.admin_page, methods=["GET"]),
     ]
