@@ -14,6 +14,7 @@
     │   ├── TooLarge                a request body over its limit
     │   ├── UserExists              an account name or email already taken
     │   ├── UnknownUser             no account has that name, email or id
+    │   ├── NotFound                no such API token or page for this user (404)
     │   ├── Unauthorized            not signed in, a wrong password, a revoked sign-in (401)
     │   ├── Forbidden               signed in, but not allowed (403)
     │   ├── SigninFlood             too many failed sign-ins from one address for one name (429)
@@ -94,6 +95,10 @@ class UserExists(ClientError):
 
 class UnknownUser(ClientError):
     code = "unknown_user"
+
+
+class NotFound(ClientError):
+    code = "not_found"
 
 
 class Unauthorized(ClientError):

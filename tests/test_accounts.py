@@ -270,3 +270,29 @@ async def test_accounts_a_sign_in_flood_is_bounded_and_healthz_answers(tmp_path)
     assert health.status_code == 200
     assert sorted(set(statuses)) == [401, 429] and statuses.count(401) <= 20  # 4 x signin_attempts
     assert huge.status_code == 413
+
+
+async def test_accounts_sessions_from_before_accounts_go_to_the_first_admin(tmp_path):
+    token_days = settings_for(tmp_path, auth_token="shared-token")
+    await add_users(token_days.server.data_dir, "alice", "bob")  # accounts made, not yet in force
+    with serve(token_days) as address:
+        async with client(address, "?token=shared-token") as c:
+            await c.hello()
+            await c.say("echo from the token days")
+    with serve(accounts_settings(tmp_path)) as address:
+        alice, bob = await sign_in(address, "alice"), await sign_in(address, "bob")
+        async with http_as(address, alice) as http:
+            alices = [s["title"] for s in (await http.get("/api/sessions")).json()]
+        async with http_as(address, bob) as http:
+            bobs = (await http.get("/api/sessions")).json()
+    assert alices == ["echo from the token days"] and bobs == []
+
+
+async def test_accounts_cookie_is_secure_behind_tls(tmp_path):
+    settings = accounts_settings(tmp_path)
+    await add_users(settings.server.data_dir, "alice")
+    with serve(settings) as address:  # a proxy on 127.0.0.1 that terminated TLS says so
+        async with httpx.AsyncClient(base_url=f"http://{address}",
+                                     headers={"X-Forwarded-Proto": "https"}) as http:
+            answer = await http.post("/api/auth/signin", json={"name": "alice", "password": PASSWORD})
+    assert answer.status_code == 200 and "secure" in answer.headers["set-cookie"].lower()

@@ -31,7 +31,7 @@ from starlette.routing import Route
 from server.accounts.passwords import MAX_PASSWORD_CHARS, verify
 from server.accounts.usage import month_start, usage_rows
 from server.accounts.viewer import Viewer, viewer_in
-from server.errors import ClientError, SigninFlood, Unauthorized, UnknownSession
+from server.errors import ClientError, NotFound, SigninFlood, Unauthorized
 from server.store.base import Store
 from server.store.users import ApiToken, User, utc_now
 from server.web.api import Reading, read_json
@@ -116,7 +116,7 @@ class Signin:
 
     async def signin(self, request: Request[Any]) -> Response:
         if self.mode != "accounts":
-            raise UnknownSession("this server has no accounts to sign in to")
+            raise NotFound("this server has no accounts to sign in to")
         name, password = _credentials(await read_json(request, MAX_SIGNIN_BYTES, self.reading))
         address = address_of(request)
         self.limiter.attempt(address, name)
@@ -177,7 +177,7 @@ class Signin:
         assert viewer.user is not None
         token_id = str(request.path_params["token_id"])[:64]
         if not await store_of(request).delete_token(viewer.user.id, token_id):
-            raise UnknownSession(f"no token {token_id!r}")
+            raise NotFound(f"no token {token_id!r}")
         return Response(status_code=204)
 
     async def users(self, request: Request[Any]) -> Response:
@@ -197,7 +197,7 @@ class Signin:
     async def usage(self, request: Request[Any]) -> list[dict[str, Any]]:
         viewer = viewer_of(request)
         if viewer.user is None or not viewer.user.admin:
-            raise UnknownSession("no such page")  # a user learns nothing, not even that it exists
+            raise NotFound("no such page")  # a user learns nothing, not even that it exists
         store = store_of(request)
         rows = usage_rows(await store.usage_since(month_start()))
         for row in rows:
