@@ -4,9 +4,12 @@
 per profile, the route resolver, the observer bus and the session hub, and runs turns in a task
 group that outlives any single connection. Routes: ``/`` and ``/s/{session_id}`` (the page),
 ``/static``, ``/ws`` (protocol v1), ``/events`` (observer bus as SSE), ``/api/sessions...``,
-``/healthz``. When ``server.auth_token`` is set, ``/ws``, ``/events`` and ``/api`` need it as a
-bearer token (``Authorization`` header or ``?token=``); ``/ws`` also checks the Origin
-(refused before the handshake) and closes a socket with a wrong token with 4401 after accepting it.
+``/healthz``, and the accounts' ``/signin``, ``/admin`` and ``/api/auth/...`` (server.web.signin,
+server.web.oidc). Who is asking is decided before routing by ``server.web.auth.Authenticator``
+(``[auth] mode``: none, a bearer token, a sign-in cookie or API token, a trusted proxy's header);
+``/ws`` also checks the Origin (refused before the handshake), closes a socket without a viewer
+with 4401 after accepting it, and closes a signed-in user's socket with 4401 once their sign-in is
+revoked (server.web.revocation).
 
 The lifespan yields the shared services as typed state (``AppState``); handlers read them from
 ``request.state`` / ``websocket.state``. API errors become the one envelope through
@@ -34,7 +37,7 @@ from starlette.websockets import WebSocket
 from server.accounts.directory import Directory
 from server.accounts.viewer import Viewer, viewer_in
 from server.config.load import load_settings
-from server.config.settings import Settings
+from server.config.settings import AuthSettings, Settings
 from server.live.redis_live import RedisLive
 from server.providers import build_provider
 from server.routing.resolver import RouteResolver
@@ -156,16 +159,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
         return JSONResponse({"ok": True, "providers": sorted(settings.providers),
                              "default_route": settings.default_route})
 
-    sso = bool(settings.auth.oidc_issuer)
     signin = Signin(mode, settings.auth.session_days, settings.auth.signin_attempts, templates, PAGE_POLICY,
-                    sso)
-    sso_routes: list[Route] = []
-    sso_middleware: list[Middleware] = []
-    if sso:  # authlib (and cryptography) are imported only by a server that signs in through OIDC
-        from server.web.oidc import OidcSignin, oidc_routes
-
-        oidc = OidcSignin(settings.auth, signin)
-        sso_routes, sso_middleware = oidc_routes(oidc), [oidc.middleware()]
+                    sso=bool(settings.auth.oidc_issuer))
+    sso_routes, sso_middleware = single_sign_on(settings.auth, signin)
     app = Starlette(routes=[
         Route("/", page), Route("/s/{session_id}", page), Route("/healthz", healthz),
         Route("/events", events), WebSocketRoute("/ws", websocket_endpoint),
@@ -181,6 +177,17 @@ def create_app(settings: Settings | None = None) -> Starlette:
                        allowed_origins=settings.server.allowed_origins)
     redact_tokens_in_logs()
     return app
+
+
+def single_sign_on(auth: AuthSettings, signin: Signin) -> tuple[list[Route], list[Middleware]]:
+    """The OIDC routes and the middleware keeping their state, when ``[auth] oidc_issuer`` is set.
+    authlib (and cryptography) are imported only by a server that signs in through OIDC."""
+    if not auth.oidc_issuer:
+        return [], []
+    from server.web.oidc import OidcSignin, oidc_routes
+
+    oidc = OidcSignin(auth, signin)
+    return oidc_routes(oidc), [oidc.middleware()]
 
 
 async def watched_connection(websocket: WebSocket[AppState], viewer: Viewer) -> None:
