@@ -296,3 +296,29 @@ async def test_accounts_cookie_is_secure_behind_tls(tmp_path):
                                      headers={"X-Forwarded-Proto": "https"}) as http:
             answer = await http.post("/api/auth/signin", json={"name": "alice", "password": PASSWORD})
     assert answer.status_code == 200 and "secure" in answer.headers["set-cookie"].lower()
+
+
+@pytest.mark.parametrize("revoke", ["sign_out", "token_deleted"])
+async def test_accounts_an_events_stream_ends_when_its_sign_in_or_token_is_revoked(tmp_path, revoke):
+    settings = accounts_settings(tmp_path)
+    await add_users(settings.server.data_dir, "alice")
+    with serve(settings) as address:
+        cookie = await sign_in(address, "alice")
+        async with http_as(address, cookie) as http:
+            made = (await http.post("/api/auth/tokens", json={"name": "dashboard"})).json()
+        bearer = {"Authorization": f"Bearer {made['token']}"}
+        headers = cookie_header(cookie) if revoke == "sign_out" else bearer
+        async with httpx.AsyncClient(base_url=f"http://{address}", headers=headers, timeout=10) as http, \
+                http.stream("GET", "/events") as events:
+            lines = events.aiter_lines()
+            assert (await anext(lines)).startswith(":")
+            started = time.monotonic()
+            async with http_as(address, cookie) as other:
+                if revoke == "sign_out":
+                    assert (await other.post("/api/auth/signout", json={})).status_code == 204
+                else:
+                    assert (await other.delete(f"/api/auth/tokens/{made['id']}")).status_code == 204
+            with anyio.fail_after(5):
+                rest = [line async for line in lines]
+            waited = time.monotonic() - started
+    assert waited < 1.0 and not [line for line in rest if line.startswith("data:")]

@@ -99,6 +99,10 @@ class SqliteUsers:
     async def active_users(self, user_ids: list[str]) -> set[str]:
         return {row[0] for row in await self._read(sql.keys_in(sql.ACTIVE_USERS, len(user_ids)), *user_ids)}
 
+    async def live_tokens(self, token_hashes: list[str]) -> set[str]:
+        statement = sql.keys_in(sql.LIVE_TOKENS, len(token_hashes))
+        return {row[0] for row in await self._read(statement, *token_hashes)}
+
     async def create_token(self, token: ApiToken, token_hash: str) -> None:
         await self._change((sql.INSERT_TOKEN, (token.id, token.user_id, token.name, token_hash,
                                                token.created_at)))

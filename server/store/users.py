@@ -84,6 +84,7 @@ class UserStore(Protocol):
     async def prune_logins(self, now: str) -> int: ...  # expired sign-ins; how many
     async def live_logins(self, keys: list[str], now: str) -> set[str]: ...
     async def active_users(self, user_ids: list[str]) -> set[str]: ...
+    async def live_tokens(self, token_hashes: list[str]) -> set[str]: ...  # not deleted, user enabled
     async def create_token(self, token: ApiToken, token_hash: str) -> None: ...
     # stamps last_used, to the minute (a script's every request is not a write)
     async def token_user(self, token_hash: str, now: str) -> User | None: ...
@@ -148,6 +149,8 @@ def keys_in(sql: str, count: int) -> str:
 LIVE_LOGINS = ("SELECT l.id FROM logins l JOIN users u ON u.id = l.user_id "
                "WHERE l.id IN (?*) AND l.expires_at > ? AND u.disabled = 0")
 ACTIVE_USERS = "SELECT id FROM users WHERE id IN (?*) AND disabled = 0"
+LIVE_TOKENS = ("SELECT t.token_hash FROM api_tokens t JOIN users u ON u.id = t.user_id "
+               "WHERE t.token_hash IN (?*) AND u.disabled = 0")
 
 
 def dialect_sql(sql: str) -> str:

@@ -35,7 +35,7 @@ from starlette.templating import Jinja2Templates
 from starlette.websockets import WebSocket
 
 from server.accounts.directory import Directory
-from server.accounts.viewer import Viewer, viewer_in
+from server.accounts.viewer import ANYONE, Viewer, viewer_in
 from server.config.load import load_settings
 from server.config.settings import AuthSettings, Settings
 from server.live.redis_live import RedisLive
@@ -208,13 +208,22 @@ async def watched_connection(websocket: WebSocket[AppState], viewer: Viewer) -> 
 
 
 async def events(request: Request[AppState]) -> Response:
-    """The observer bus; a signed-in user's stream carries their own sessions' events (an admin's, all)."""
-    viewer = viewer_in(request.scope)
-    allowed = None
-    if viewer is not None and not viewer.sees_all_events:
-        allowed = OwnedSessions(request.state["store"], viewer)
-    return StreamingResponse(sse_stream(request.state["bus"], allowed=allowed),
-                             media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    """The observer bus; a signed-in user's stream carries their own sessions' events (an admin's, all)
+    and ends when their sign-in is revoked."""
+    viewer = viewer_in(request.scope) or ANYONE
+    allowed = None if viewer.sees_all_events else OwnedSessions(request.state["store"], viewer)
+    bus, revocations = request.state["bus"], request.state["revocations"]
+
+    async def stream() -> AsyncIterator[str]:
+        subscription = bus.subscribe()
+        try:
+            with revocations.track(viewer, subscription.cut):
+                async for chunk in sse_stream(bus, allowed=allowed, subscription=subscription):
+                    yield chunk
+        finally:
+            bus.unsubscribe(subscription)
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 class OwnedSessions:

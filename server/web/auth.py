@@ -151,9 +151,10 @@ class Authenticator:
                 return Viewer(user, login=key)
         token = given_token(conn)
         if token.startswith(TOKEN_PREFIX):
-            user = await store.token_user(secret_key(token), utc_now())
+            key = secret_key(token)
+            user = await store.token_user(key, utc_now())
             if user is not None:
-                return Viewer(user)
+                return Viewer(user, token=key)
         return None
 
     async def header_user(self, conn: HTTPConnection[Any], store: Store) -> Viewer | None:
