@@ -16,7 +16,7 @@ from server.accounts.usage import month_start
 from server.errors import ClientError, UnknownUser, UserExists
 from server.store.backends import open_store
 from server.store.base import CallRecord, Store
-from server.store.users import ApiToken, utc_now
+from server.store.users import MAX_LOGINS, ApiToken, utc_now
 
 pytestmark = pytest.mark.anyio
 PASSWORD = "correct horse battery"
@@ -94,6 +94,14 @@ async def test_users_sign_ins_expire_and_are_revoked_by_password_and_disable(sto
     assert await store.login_user("k3", utc_now()) is None and await store.active_users([alice.id]) == set()
     await directory.set_disabled("alice", False)
     assert await store.active_users([alice.id]) == {alice.id}
+
+
+async def test_users_sign_ins_are_bounded_per_user(store: Store) -> None:
+    alice = await Directory(store).add("alice", PASSWORD)
+    keys = [f"k{n:03}" for n in range(MAX_LOGINS + 5)]
+    for key in keys:
+        await store.create_login(key, alice.id, utc_now(3600))
+    assert await store.live_logins(keys, utc_now()) == set(keys[5:])  # the five oldest went
 
 
 async def test_users_api_tokens_are_found_by_hash_and_stamped(store: Store) -> None:

@@ -81,7 +81,8 @@ class SqliteUsers:
         return str(rows[0][0]) if rows else None
 
     async def create_login(self, key: str, user_id: str, expires_at: str) -> None:
-        await self._change((sql.INSERT_LOGIN, (key, user_id, utc_now(), expires_at)))
+        await self._change((sql.INSERT_LOGIN, (key, user_id, utc_now(), expires_at)),
+                           (sql.TRIM_LOGINS, (user_id, user_id)))
 
     async def login_user(self, key: str, now: str) -> User | None:
         rows = await self._read(sql.LOGIN_USER, key, now)

@@ -78,6 +78,7 @@ class UserStore(Protocol):
     async def claim_orphans(self, user_id: str) -> int: ...  # ownerless sessions become the user's
     async def count_owned(self, user_id: str) -> int: ...
     async def session_owner(self, session_id: str) -> str | None: ...  # None: no session; "": unowned
+    # keeps the user's newest MAX_LOGINS sign-ins
     async def create_login(self, key: str, user_id: str, expires_at: str) -> None: ...
     async def login_user(self, key: str, now: str) -> User | None: ...
     async def delete_login(self, key: str) -> None: ...
@@ -112,6 +113,9 @@ CLAIM_ORPHANS = "UPDATE sessions SET owner_id = ? WHERE owner_id IS NULL"
 COUNT_OWNED = "SELECT COUNT(*) FROM sessions WHERE owner_id = ?"
 SESSION_OWNER = "SELECT COALESCE(owner_id, '') FROM sessions WHERE id = ?"
 INSERT_LOGIN = "INSERT INTO logins (id, user_id, created_at, expires_at) VALUES (?, ?, ?, ?)"
+MAX_LOGINS = 100  # sign-ins kept per user: the oldest goes when one more comes (a bound, not a policy)
+TRIM_LOGINS = ("DELETE FROM logins WHERE user_id = ? AND id NOT IN "
+               f"(SELECT id FROM logins WHERE user_id = ? ORDER BY created_at DESC LIMIT {MAX_LOGINS})")
 LOGIN_USER = (f"SELECT {USER_COLUMNS} FROM logins l JOIN users u ON u.id = l.user_id "
               "WHERE l.id = ? AND l.expires_at > ? AND u.disabled = 0")
 DELETE_LOGIN = "DELETE FROM logins WHERE id = ?"

@@ -40,6 +40,7 @@ from server.web.revocation import Revocations
 
 MAX_SIGNIN_BYTES = 8 * 1024
 MAX_TOKEN_NAME_CHARS = 64
+MAX_TOKENS = 50  # API tokens per user
 MAX_TRACKED = 10_000  # (address, name) pairs whose failures are remembered
 WINDOW_SECONDS = 60.0
 
@@ -167,6 +168,8 @@ class Signin:
         name = body.get("name") if isinstance(body, dict) else None
         if not isinstance(name, str) or not 1 <= len(name.strip()) <= MAX_TOKEN_NAME_CHARS:
             raise ClientError(f"name: expected 1 to {MAX_TOKEN_NAME_CHARS} characters")
+        if len(await store_of(request).list_tokens(viewer.user.id)) >= MAX_TOKENS:
+            raise ClientError(f"at most {MAX_TOKENS} API tokens each; delete one first")
         secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
         token = ApiToken(uuid.uuid4().hex[:12], viewer.user.id, name.strip(), utc_now(), None)
         await store_of(request).create_token(token, secret_key(secret))
