@@ -329,6 +329,7 @@ async def test_accounts_api_tokens_per_user_are_bounded(tmp_path):
     await add_users(settings.server.data_dir, "alice")
     with serve(settings) as address:
         async with http_as(address, await sign_in(address, "alice")) as http:
-            made = [(await http.post("/api/auth/tokens", json={"name": f"t{n}"})).status_code for n in range(50)]
+            made = [(await http.post("/api/auth/tokens", json={"name": f"t{n}"})).status_code
+                    for n in range(50)]
             over = await http.post("/api/auth/tokens", json={"name": "one more"})
     assert made == [201] * 50 and over.status_code == 400 and "at most 50" in over.json()["error"]["message"]
