@@ -14,9 +14,11 @@
     │   ├── TooLarge                a request body over its limit
     │   ├── UserExists              an account name or email already taken
     │   ├── UnknownUser             no account has that name, email or id
+    │   ├── NotFound                no such API token or page for this user (404)
     │   ├── Unauthorized            not signed in, a wrong password, a revoked sign-in (401)
     │   ├── Forbidden               signed in, but not allowed (403)
     │   ├── SigninFlood             too many failed sign-ins from one address for one name (429)
+    │   ├── BudgetExhausted         the user's tokens for today are spent ([auth] daily_tokens)
     │   └── FrameFlood              a client sending frames faster than its rate limit
     ├── CapacityExceeded            the prepared request does not fit the known window
     ├── HistoryUnfit                overflow recovery could not drop any turn
@@ -95,6 +97,10 @@ class UnknownUser(ClientError):
     code = "unknown_user"
 
 
+class NotFound(ClientError):
+    code = "not_found"
+
+
 class Unauthorized(ClientError):
     code = "unauthorized"
 
@@ -106,6 +112,10 @@ class Forbidden(ClientError):
 class SigninFlood(ClientError):
     code = "rate_limited"
     retryable = True
+
+
+class BudgetExhausted(ClientError):
+    code = "budget_exhausted"
 
 
 class TooLarge(ClientError):

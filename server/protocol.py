@@ -71,6 +71,7 @@ SERVER_FRAMES["accepted"] += ("retry_of?", "edit_of?", "created_at?", "image_url
 SERVER_FRAMES["done"] += ("created_at?",)
 SERVER_FRAMES["route"] += ("created_at?",)  # when the call began: the reply's time (live and reloaded)
 SERVER_FRAMES["turns_set_aside"] = ("turn_ids", "reason")
+SERVER_FRAMES["budget"] = ("tokens_left", "daily_tokens", "resets_at")  # accounts: today's tokens (issue 19)
 EDIT_PREVIEW = "edit_preview"  # a context frame answering preview_edit, for the asking client only
 ENUMS[("context", "reason")] = (*CONTEXT_REASONS, EDIT_PREVIEW)
 # MCP tools (issue 18): which server a call went to, what its result cost, what was cut.

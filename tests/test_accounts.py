@@ -234,8 +234,102 @@ async def test_accounts_admin_lists_users_with_usage_and_a_user_cannot(tmp_path)
         await alices_session(address, alice)
         async with http_as(address, admin) as http:
             rows = {row["name"]: row for row in (await http.get("/api/admin/users")).json()}
+            page = await http.get("/admin")
         async with http_as(address, alice) as http:
             refused = await http.get("/api/admin/users")
+            no_page, nothing = await http.get("/admin"), await http.get("/no-such-page")
+        async with httpx.AsyncClient(base_url=f"http://{address}") as http:
+            stranger = await http.get("/admin")
     assert rows["alice"]["sessions"] == 1 and rows["alice"]["input_tokens"] > 0
     assert rows["admin"]["sessions"] == 0 and rows["admin"]["role"] == "admin"
+    assert rows["alice"]["api_tokens"] == 0 and "password_hash" not in rows["alice"]
+    assert page.status_code == 200 and 'data-user="alice"' in page.text
     assert refused.status_code == 404
+    assert (no_page.status_code, no_page.text) == (nothing.status_code, nothing.text) == (404, "Not Found")
+    assert stranger.status_code == 303 and stranger.headers["location"] == "/signin"
+
+
+async def test_accounts_a_sign_in_flood_is_bounded_and_healthz_answers(tmp_path):
+    settings = accounts_settings(tmp_path)
+    await add_users(settings.server.data_dir, "alice")
+    with serve(settings) as address:
+        async with httpx.AsyncClient(base_url=f"http://{address}", timeout=30) as http:
+            statuses: list[int] = []
+
+            async def attempt(n: int) -> None:
+                body = {"name": f"user{n}", "password": "x" * 1024}  # the longest password taken
+                statuses.append((await http.post("/api/auth/signin", json=body)).status_code)
+
+            async with anyio.create_task_group() as tasks:
+                for n in range(40):
+                    tasks.start_soon(attempt, n)
+                with anyio.fail_after(5):
+                    health = await http.get("/healthz")
+            huge = await http.post("/api/auth/signin", content=b'{"name": "' + b"a" * 1_000_000 + b'"}',
+                                   headers={"Content-Type": "application/json"})
+    assert health.status_code == 200
+    assert sorted(set(statuses)) == [401, 429] and statuses.count(401) <= 20  # 4 x signin_attempts
+    assert huge.status_code == 413
+
+
+async def test_accounts_sessions_from_before_accounts_go_to_the_first_admin(tmp_path):
+    token_days = settings_for(tmp_path, auth_token="shared-token")
+    await add_users(token_days.server.data_dir, "alice", "bob")  # accounts made, not yet in force
+    with serve(token_days) as address:
+        async with client(address, "?token=shared-token") as c:
+            await c.hello()
+            await c.say("echo from the token days")
+    with serve(accounts_settings(tmp_path)) as address:
+        alice, bob = await sign_in(address, "alice"), await sign_in(address, "bob")
+        async with http_as(address, alice) as http:
+            alices = [s["title"] for s in (await http.get("/api/sessions")).json()]
+        async with http_as(address, bob) as http:
+            bobs = (await http.get("/api/sessions")).json()
+    assert alices == ["echo from the token days"] and bobs == []
+
+
+async def test_accounts_cookie_is_secure_behind_tls(tmp_path):
+    settings = accounts_settings(tmp_path)
+    await add_users(settings.server.data_dir, "alice")
+    with serve(settings) as address:  # a proxy on 127.0.0.1 that terminated TLS says so
+        async with httpx.AsyncClient(base_url=f"http://{address}",
+                                     headers={"X-Forwarded-Proto": "https"}) as http:
+            answer = await http.post("/api/auth/signin", json={"name": "alice", "password": PASSWORD})
+    assert answer.status_code == 200 and "secure" in answer.headers["set-cookie"].lower()
+
+
+@pytest.mark.parametrize("revoke", ["sign_out", "token_deleted"])
+async def test_accounts_an_events_stream_ends_when_its_sign_in_or_token_is_revoked(tmp_path, revoke):
+    settings = accounts_settings(tmp_path)
+    await add_users(settings.server.data_dir, "alice")
+    with serve(settings) as address:
+        cookie = await sign_in(address, "alice")
+        async with http_as(address, cookie) as http:
+            made = (await http.post("/api/auth/tokens", json={"name": "dashboard"})).json()
+        bearer = {"Authorization": f"Bearer {made['token']}"}
+        headers = cookie_header(cookie) if revoke == "sign_out" else bearer
+        async with httpx.AsyncClient(base_url=f"http://{address}", headers=headers, timeout=10) as http, \
+                http.stream("GET", "/events") as events:
+            lines = events.aiter_lines()
+            assert (await anext(lines)).startswith(":")
+            started = time.monotonic()
+            async with http_as(address, cookie) as other:
+                if revoke == "sign_out":
+                    assert (await other.post("/api/auth/signout", json={})).status_code == 204
+                else:
+                    assert (await other.delete(f"/api/auth/tokens/{made['id']}")).status_code == 204
+            with anyio.fail_after(5):
+                rest = [line async for line in lines]
+            waited = time.monotonic() - started
+    assert waited < 1.0 and not [line for line in rest if line.startswith("data:")]
+
+
+async def test_accounts_api_tokens_per_user_are_bounded(tmp_path):
+    settings = accounts_settings(tmp_path)
+    await add_users(settings.server.data_dir, "alice")
+    with serve(settings) as address:
+        async with http_as(address, await sign_in(address, "alice")) as http:
+            made = [(await http.post("/api/auth/tokens", json={"name": f"t{n}"})).status_code
+                    for n in range(50)]
+            over = await http.post("/api/auth/tokens", json={"name": "one more"})
+    assert made == [201] * 50 and over.status_code == 400 and "at most 50" in over.json()["error"]["message"]

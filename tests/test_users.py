@@ -16,7 +16,7 @@ from server.accounts.usage import month_start
 from server.errors import ClientError, UnknownUser, UserExists
 from server.store.backends import open_store
 from server.store.base import CallRecord, Store
-from server.store.users import ApiToken, utc_now
+from server.store.users import MAX_LOGINS, ApiToken, utc_now
 
 pytestmark = pytest.mark.anyio
 PASSWORD = "correct horse battery"
@@ -83,7 +83,8 @@ async def test_users_sign_ins_expire_and_are_revoked_by_password_and_disable(sto
     await store.create_login("old", alice.id, utc_now(-1))
     assert (await store.login_user("k1", utc_now())) == alice
     assert await store.login_user("old", utc_now()) is None
-    assert await store.live_logins(["k1", "k2", "old", "nope"], utc_now()) == {"k1", "k2"}
+    assert await store.prune_logins(utc_now()) == 1
+    assert await store.live_logins(["k1", "k2", "nope"], utc_now()) == {"k1", "k2"}
     await store.delete_login("k1")
     assert await store.live_logins(["k1", "k2"], utc_now()) == {"k2"}
     await directory.set_password("alice", "a new password")
@@ -95,6 +96,14 @@ async def test_users_sign_ins_expire_and_are_revoked_by_password_and_disable(sto
     assert await store.active_users([alice.id]) == {alice.id}
 
 
+async def test_users_sign_ins_are_bounded_per_user(store: Store) -> None:
+    alice = await Directory(store).add("alice", PASSWORD)
+    keys = [f"k{n:03}" for n in range(MAX_LOGINS + 5)]
+    for key in keys:
+        await store.create_login(key, alice.id, utc_now(3600))
+    assert await store.live_logins(keys, utc_now()) == set(keys[5:])  # the five oldest went
+
+
 async def test_users_api_tokens_are_found_by_hash_and_stamped(store: Store) -> None:
     alice = await Directory(store).add("alice", PASSWORD)
     await store.create_token(ApiToken("t1", alice.id, "script", utc_now(), None), "hash-of-secret")
@@ -102,6 +111,10 @@ async def test_users_api_tokens_are_found_by_hash_and_stamped(store: Store) -> N
     assert await store.token_user("hash-of-secret", "2026-12-02T00:00:00+00:00") == alice
     assert await store.token_user("other", utc_now()) is None
     assert (await store.list_tokens(alice.id))[0].last_used == "2026-12-02T00:00:00+00:00"
+    await store.token_user("hash-of-secret", "2026-12-02T00:00:30+00:00")  # the same minute: no write
+    assert (await store.list_tokens(alice.id))[0].last_used == "2026-12-02T00:00:00+00:00"
+    await store.token_user("hash-of-secret", "2026-12-02T00:01:00+00:00")
+    assert (await store.list_tokens(alice.id))[0].last_used == "2026-12-02T00:01:00+00:00"
     assert not await store.delete_token("someone-else", "t1")
     assert await store.delete_token(alice.id, "t1")
     assert await store.token_user("hash-of-secret", utc_now()) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from server.store.users import UsageRow
 
@@ -13,7 +14,7 @@ def month_start(now: datetime | None = None) -> str:
     return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0).isoformat(timespec="microseconds")
 
 
-def usage_rows(rows: list[UsageRow]) -> list[dict[str, object]]:
+def usage_rows(rows: list[UsageRow]) -> list[dict[str, Any]]:
     return [{**row.user.public(), "sessions": row.sessions, "input_tokens": row.input_tokens,
              "output_tokens": row.output_tokens, "cost_usd": round(row.cost_usd, 6)} for row in rows]
 

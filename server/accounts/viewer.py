@@ -20,6 +20,7 @@ from server.store.users import User
 class Viewer:
     user: User | None
     login: str = ""  # the sign-in's key (hash of the cookie) when it came from one: what revocation names
+    token: str = ""  # the API token's hash when it came from one
 
     @property
     def owner(self) -> str | None:

@@ -144,6 +144,9 @@ def check_auth(auth: Mapping[str, Any], auth_token: str) -> None:
         raise ConfigError("auth.oidc_issuer: single sign-on needs mode = \"accounts\"")
     if auth["oidc_issuer"] and not auth["oidc_client_id"]:
         raise ConfigError("auth.oidc_client_id: required with auth.oidc_issuer")
-    for key in ("session_days", "signin_attempts", "revocation_check_ms"):
+    if auth["daily_tokens"] < 0:
+        raise ConfigError(f"auth.daily_tokens: expected 0 (no budget) or more, got {auth['daily_tokens']!r}")
+    for key in ("session_days", "signin_attempts", "revocation_check_ms", "user_turns", "user_frame_rate",
+                "user_frame_burst"):
         if auth[key] <= 0:
             raise ConfigError(f"auth.{key}: must be greater than 0, got {auth[key]!r}")

@@ -97,6 +97,12 @@ class AuthSettings:
     signin_attempts: int = setting(5, "Failed sign-ins per minute per address and name before 429.")
     revocation_check_ms: int = setting(500, "How often open sockets' sign-ins are checked against "
                                        "the store (sign-out, disable, password change).")
+    user_turns: int = setting(4, "Replies one user may have being written at once (per instance).")
+    user_frame_rate: float = setting(40.0, "Client frames a second one user may send over all their "
+                                     "sockets (per instance; token bucket).")
+    user_frame_burst: int = setting(120, "Client frames one user may send at once above user_frame_rate.")
+    daily_tokens: int = setting(0, "Tokens (input + output) one user may spend per UTC day; 0 = no "
+                                "budget. The meter shows what is left.")
     oidc_issuer: str = setting("", "accounts mode: an OpenID Connect issuer URL; adds single sign-on.")
     oidc_client_id: str = setting("", "OIDC: this server's client id at the issuer.")
     oidc_client_secret_env: str = setting("METERCHAT_OIDC_CLIENT_SECRET",

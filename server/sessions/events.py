@@ -32,6 +32,11 @@ class Subscription:
         self.closed = True
         self._ready.set()
 
+    def cut(self) -> None:
+        """End now, dropping what is pending (the subscriber may no longer see it)."""
+        self._events.clear()
+        self.close()
+
     @property
     def pending(self) -> int:
         return len(self._events)
@@ -85,10 +90,11 @@ class EventBus:
 Allowed = Callable[[str], Awaitable[bool]]  # may this subscriber see the events of this session id?
 
 
-async def sse_stream(bus: EventBus, keepalive_seconds: float = 15.0,
-                     allowed: Allowed | None = None) -> AsyncIterator[str]:
-    """The bus as Server-Sent Events; with ``allowed``, only the events of sessions it admits."""
-    subscription = bus.subscribe()
+async def sse_stream(bus: EventBus, keepalive_seconds: float = 15.0, allowed: Allowed | None = None,
+                     subscription: Subscription | None = None) -> AsyncIterator[str]:
+    """The bus as Server-Sent Events; with ``allowed``, only the events of sessions it admits. A
+    ``subscription`` made by the caller (``bus.subscribe()``) lets it end the stream (``cut``)."""
+    subscription = subscription or bus.subscribe()
     try:
         yield ": meterchat events\n\n"
         while not subscription.closed or subscription.pending:

@@ -32,6 +32,7 @@ from server.sessions.compaction_runner import compaction_for
 from server.sessions.counting import Counts
 from server.sessions.images import decode_images
 from server.sessions.instances import Hold, Instances, SoleInstance
+from server.sessions.quota import Quota
 from server.sessions.runtime import Runtime
 from server.sessions.session import Session, TurnHandle, utc_now
 from server.sessions.turn import Turn
@@ -53,6 +54,7 @@ class SessionHub:
         self.unsaved = UnsavedWriter(self.spawn)
         self.compaction = compaction_for(rt.options)
         self.counts = Counts(rt)  # the provider's count of each session's next request, between turns
+        self.quota = Quota(rt.settings.auth, rt.store)  # a signed-in user's turns and daily tokens
         self.coalesce_seconds = rt.settings.server.coalesce_ms / 1000
         self.connections = 0
 
@@ -104,10 +106,17 @@ class SessionHub:
             self.instances.forget_idle(session)
 
     async def after_hello(self, session: Session) -> None:
-        """Announce the restore trim (once) and send the meter for the session's route."""
+        """Announce the restore trim (once) and send the meter for the session's route (and, for a
+        user with a daily budget, what is left of it)."""
         if not await self.cache.restores.announce(session):
             await session.emit_meter(session.route, "hello")
         self.counts.request(session)
+        await self.send_budget(session)
+
+    async def send_budget(self, session: Session) -> None:
+        frame = await self.quota.frame(session.owner)
+        if frame is not None:
+            session.emit(frame)
 
     async def drain(self, grace: float) -> None:
         """The server is shutting down: end every ``/events`` stream, stop every turn and wait (at
@@ -217,11 +226,15 @@ class SessionHub:
             raise Busy("a reply is still being written in this session; stop it or wait for it to finish")
         if session.knows(message_id):
             raise BadFrame(f"message.id {message_id!r} is already used by another message in this session")
+        if session.owner is not None:
+            await self.quota.check_budget(session.owner)
         if session.unsaved:
             await session.save_reply()  # the earlier reply first, or StoreUnavailable and nothing stored
         replaces = Replaces.of(session, retry_of, edit_of)
         images = decode_images(payloads, self.rt.options.max_image_bytes)
         turn_id = uuid.uuid4().hex[:12]
+        if session.owner is not None:  # no await from here to the claim: two tabs cannot both pass
+            self.quota.check_turns(session.owner, self.cache.sessions.values())
         # Claim the session before the first await: two tabs sending at once start one turn.
         handle = session.turn = TurnHandle(turn_id, anyio.CancelScope())
         hold: Hold | None = None
@@ -297,6 +310,7 @@ class SessionHub:
         if turn.route != session.route:
             await session.emit_meter(session.route, "done")
         self.counts.request(session)
+        self.spawn(self.send_budget, session)
 
     async def _abort(self, session: Session, turn: Turn) -> None:
         try:

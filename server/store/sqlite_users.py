@@ -81,7 +81,8 @@ class SqliteUsers:
         return str(rows[0][0]) if rows else None
 
     async def create_login(self, key: str, user_id: str, expires_at: str) -> None:
-        await self._change((sql.INSERT_LOGIN, (key, user_id, utc_now(), expires_at)))
+        await self._change((sql.INSERT_LOGIN, (key, user_id, utc_now(), expires_at)),
+                           (sql.TRIM_LOGINS, (user_id, user_id)))
 
     async def login_user(self, key: str, now: str) -> User | None:
         rows = await self._read(sql.LOGIN_USER, key, now)
@@ -90,11 +91,18 @@ class SqliteUsers:
     async def delete_login(self, key: str) -> None:
         await self._change((sql.DELETE_LOGIN, (key,)))
 
+    async def prune_logins(self, now: str) -> int:
+        return await self._change((sql.PRUNE_LOGINS, (now,)))
+
     async def live_logins(self, keys: list[str], now: str) -> set[str]:
         return {row[0] for row in await self._read(sql.keys_in(sql.LIVE_LOGINS, len(keys)), *keys, now)}
 
     async def active_users(self, user_ids: list[str]) -> set[str]:
         return {row[0] for row in await self._read(sql.keys_in(sql.ACTIVE_USERS, len(user_ids)), *user_ids)}
+
+    async def live_tokens(self, token_hashes: list[str]) -> set[str]:
+        statement = sql.keys_in(sql.LIVE_TOKENS, len(token_hashes))
+        return {row[0] for row in await self._read(statement, *token_hashes)}
 
     async def create_token(self, token: ApiToken, token_hash: str) -> None:
         await self._change((sql.INSERT_TOKEN, (token.id, token.user_id, token.name, token_hash,
@@ -104,14 +112,18 @@ class SqliteUsers:
         rows = await self._read(sql.TOKEN_USER, token_hash)
         if not rows:
             return None
-        await self._change((sql.STAMP_TOKEN, (now, token_hash)))
-        return user_of(rows[0])
+        if sql.needs_stamp(rows[0][8], now):
+            await self._change((sql.STAMP_TOKEN, (now, token_hash)))
+        return user_of(rows[0][:8])
 
     async def list_tokens(self, user_id: str) -> list[ApiToken]:
         return [ApiToken(*row) for row in await self._read(sql.USER_TOKENS, user_id)]
 
     async def delete_token(self, user_id: str, token_id: str) -> bool:
         return await self._change((sql.DELETE_TOKEN, (user_id, token_id))) > 0
+
+    async def tokens_since(self, user_id: str, since: str) -> int:
+        return int((await self._read(sql.TOKENS_SINCE, user_id, since))[0][0])
 
     async def usage_since(self, since: str) -> list[UsageRow]:
         return [usage_of(row) for row in await self._read(sql.USAGE, since)]

@@ -78,16 +78,21 @@ class UserStore(Protocol):
     async def claim_orphans(self, user_id: str) -> int: ...  # ownerless sessions become the user's
     async def count_owned(self, user_id: str) -> int: ...
     async def session_owner(self, session_id: str) -> str | None: ...  # None: no session; "": unowned
+    # keeps the user's newest MAX_LOGINS sign-ins
     async def create_login(self, key: str, user_id: str, expires_at: str) -> None: ...
     async def login_user(self, key: str, now: str) -> User | None: ...
     async def delete_login(self, key: str) -> None: ...
+    async def prune_logins(self, now: str) -> int: ...  # expired sign-ins; how many
     async def live_logins(self, keys: list[str], now: str) -> set[str]: ...
     async def active_users(self, user_ids: list[str]) -> set[str]: ...
+    async def live_tokens(self, token_hashes: list[str]) -> set[str]: ...  # not deleted, user enabled
     async def create_token(self, token: ApiToken, token_hash: str) -> None: ...
-    async def token_user(self, token_hash: str, now: str) -> User | None: ...  # stamps last_used
+    # stamps last_used, to the minute (a script's every request is not a write)
+    async def token_user(self, token_hash: str, now: str) -> User | None: ...
     async def list_tokens(self, user_id: str) -> list[ApiToken]: ...
     async def delete_token(self, user_id: str, token_id: str) -> bool: ...
     async def usage_since(self, since: str) -> list[UsageRow]: ...
+    async def tokens_since(self, user_id: str, since: str) -> int: ...  # input + output, all sessions
 
 
 USER_COLUMNS = "u.id, u.name, u.email, u.role, u.password_hash, u.created_at, u.disabled, u.subject"
@@ -108,12 +113,16 @@ CLAIM_ORPHANS = "UPDATE sessions SET owner_id = ? WHERE owner_id IS NULL"
 COUNT_OWNED = "SELECT COUNT(*) FROM sessions WHERE owner_id = ?"
 SESSION_OWNER = "SELECT COALESCE(owner_id, '') FROM sessions WHERE id = ?"
 INSERT_LOGIN = "INSERT INTO logins (id, user_id, created_at, expires_at) VALUES (?, ?, ?, ?)"
+MAX_LOGINS = 100  # sign-ins kept per user: the oldest goes when one more comes (a bound, not a policy)
+TRIM_LOGINS = ("DELETE FROM logins WHERE user_id = ? AND id NOT IN "
+               f"(SELECT id FROM logins WHERE user_id = ? ORDER BY created_at DESC LIMIT {MAX_LOGINS})")
 LOGIN_USER = (f"SELECT {USER_COLUMNS} FROM logins l JOIN users u ON u.id = l.user_id "
               "WHERE l.id = ? AND l.expires_at > ? AND u.disabled = 0")
 DELETE_LOGIN = "DELETE FROM logins WHERE id = ?"
+PRUNE_LOGINS = "DELETE FROM logins WHERE expires_at <= ?"
 INSERT_TOKEN = ("INSERT INTO api_tokens (id, user_id, name, token_hash, created_at, last_used) "
                 "VALUES (?, ?, ?, ?, ?, NULL)")
-TOKEN_USER = (f"SELECT {USER_COLUMNS} FROM api_tokens t JOIN users u ON u.id = t.user_id "
+TOKEN_USER = (f"SELECT {USER_COLUMNS}, t.last_used FROM api_tokens t JOIN users u ON u.id = t.user_id "
               "WHERE t.token_hash = ? AND u.disabled = 0")
 STAMP_TOKEN = "UPDATE api_tokens SET last_used = ? WHERE token_hash = ?"
 USER_TOKENS = ("SELECT id, user_id, name, created_at, last_used FROM api_tokens WHERE user_id = ? "
@@ -128,6 +137,14 @@ USAGE = (f"SELECT {USER_COLUMNS}, (SELECT COUNT(*) FROM sessions s WHERE s.owner
          "ORDER BY u.created_at")
 
 
+TOKENS_SINCE = ("SELECT COALESCE(SUM(c.input_tokens + c.output_tokens), 0) FROM calls c "
+                "JOIN sessions s ON s.id = c.session_id WHERE s.owner_id = ? AND c.created_at >= ?")
+
+
+def needs_stamp(last_used: str | None, now: str) -> bool:
+    return last_used is None or last_used[:16] != now[:16]  # YYYY-MM-DDTHH:MM
+
+
 def keys_in(sql: str, count: int) -> str:
     """``sql`` with its one ``(?*)`` replaced by ``count`` placeholders (at least one)."""
     return sql.replace("(?*)", "(" + ", ".join("?" * max(count, 1)) + ")")
@@ -136,6 +153,8 @@ def keys_in(sql: str, count: int) -> str:
 LIVE_LOGINS = ("SELECT l.id FROM logins l JOIN users u ON u.id = l.user_id "
                "WHERE l.id IN (?*) AND l.expires_at > ? AND u.disabled = 0")
 ACTIVE_USERS = "SELECT id FROM users WHERE id IN (?*) AND disabled = 0"
+LIVE_TOKENS = ("SELECT t.token_hash FROM api_tokens t JOIN users u ON u.id = t.user_id "
+               "WHERE t.token_hash IN (?*) AND u.disabled = 0")
 
 
 def dialect_sql(sql: str) -> str:

@@ -39,6 +39,7 @@ from server.errors import (
     Busy,
     ClientError,
     Forbidden,
+    NotFound,
     SessionExists,
     SigninFlood,
     SlowBody,
@@ -64,9 +65,9 @@ MAX_ID_CHARS = 200  # longer than any id this server makes or imports
 # a 32 MiB import on each of the server's connections held 32 MiB each, for ever.
 MAX_READING_BYTES = 64 * 1024 * 1024  # bodies being read at once (at least one whole import)
 BODY_SECONDS = 60.0  # a 32 MiB import over a link of 0.5 MiB/s
-_STATUS = ((UnknownSession, 404), (UnknownUser, 404), (SessionExists, 409), (UserExists, 409),
-           (TooLarge, 413), (SlowBody, 408), (Busy, 503), (Unauthorized, 401), (Forbidden, 403),
-           (SigninFlood, 429), (ClientError, 400))
+_STATUS = ((UnknownSession, 404), (UnknownUser, 404), (NotFound, 404), (SessionExists, 409),
+           (UserExists, 409), (TooLarge, 413), (SlowBody, 408), (Busy, 503), (Unauthorized, 401),
+           (Forbidden, 403), (SigninFlood, 429), (ClientError, 400))
 log = logging.getLogger(__name__)
 
 

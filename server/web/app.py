@@ -4,9 +4,12 @@
 per profile, the route resolver, the observer bus and the session hub, and runs turns in a task
 group that outlives any single connection. Routes: ``/`` and ``/s/{session_id}`` (the page),
 ``/static``, ``/ws`` (protocol v1), ``/events`` (observer bus as SSE), ``/api/sessions...``,
-``/healthz``. When ``server.auth_token`` is set, ``/ws``, ``/events`` and ``/api`` need it as a
-bearer token (``Authorization`` header or ``?token=``); ``/ws`` also checks the Origin
-(refused before the handshake) and closes a socket with a wrong token with 4401 after accepting it.
+``/healthz``, and the accounts' ``/signin``, ``/admin`` and ``/api/auth/...`` (server.web.signin,
+server.web.oidc). Who is asking is decided before routing by ``server.web.auth.Authenticator``
+(``[auth] mode``: none, a bearer token, a sign-in cookie or API token, a trusted proxy's header);
+``/ws`` also checks the Origin (refused before the handshake), closes a socket without a viewer
+with 4401 after accepting it, and closes a signed-in user's socket with 4401 once their sign-in is
+revoked (server.web.revocation).
 
 The lifespan yields the shared services as typed state (``AppState``); handlers read them from
 ``request.state`` / ``websocket.state``. API errors become the one envelope through
@@ -32,9 +35,9 @@ from starlette.templating import Jinja2Templates
 from starlette.websockets import WebSocket
 
 from server.accounts.directory import Directory
-from server.accounts.viewer import Viewer, viewer_in
+from server.accounts.viewer import ANYONE, Viewer, viewer_in
 from server.config.load import load_settings
-from server.config.settings import Settings
+from server.config.settings import AuthSettings, Settings
 from server.live.redis_live import RedisLive
 from server.live.turns import LiveInstances
 from server.providers import build_provider
@@ -52,6 +55,7 @@ from server.web.access import AccessGuard, redact_tokens_in_logs
 from server.web.api import EXCEPTION_HANDLERS, ApiState, OnChange, api_routes
 from server.web.auth import Authenticator, offered_subprotocols
 from server.web.connection import Connection
+from server.web.limits import UserBuckets
 from server.web.ops import healthz, metrics_endpoint, readyz
 from server.web.revocation import Revocations
 from server.web.signin import Signin, signin_routes
@@ -93,6 +97,7 @@ class AppState(ApiState):
     bus: EventBus
     revocations: Revocations
     ready_checks: Mapping[str, Callable[[], Awaitable[None]]]
+    user_buckets: UserBuckets
 
 
 def create_app(settings: Settings | None = None) -> Starlette:
@@ -104,6 +109,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
 
     mode = settings.auth_mode
     revocations = Revocations(store, settings.auth.revocation_check_ms / 1000)
+    user_buckets = UserBuckets(settings.auth.user_frame_rate, settings.auth.user_frame_burst)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[AppState]:
@@ -125,7 +131,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 app.state.drain = hub.drain  # awaited first on SIGTERM (server.web.serving.DrainingServer)
                 checks = {"store": store.ping, **({"live": live.ping} if live else {})}
                 yield {"store": store, "on_change": live_sessions_follow(hub), "hub": hub, "bus": rt.bus,
-                       "revocations": revocations, "ready_checks": checks}
+                       "revocations": revocations, "ready_checks": checks, "user_buckets": user_buckets}
                 tasks.cancel_scope.cancel()
         finally:
             if live is not None:
@@ -163,16 +169,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
         finally:
             metrics.socket_closed()
 
-    sso = bool(settings.auth.oidc_issuer)
     signin = Signin(mode, settings.auth.session_days, settings.auth.signin_attempts, templates, PAGE_POLICY,
-                    sso)
-    sso_routes: list[Route] = []
-    sso_middleware: list[Middleware] = []
-    if sso:  # authlib (and cryptography) are imported only by a server that signs in through OIDC
-        from server.web.oidc import OidcSignin, oidc_routes
-
-        oidc = OidcSignin(settings.auth, signin)
-        sso_routes, sso_middleware = oidc_routes(oidc), [oidc.middleware()]
+                    sso=bool(settings.auth.oidc_issuer))
+    sso_routes, sso_middleware = single_sign_on(settings.auth, signin)
     operators = [Route("/healthz", healthz(settings)), Route("/readyz", readyz)]
     if settings.server.metrics:
         operators.append(Route("/metrics", metrics_endpoint(metrics)))
@@ -193,16 +192,28 @@ def create_app(settings: Settings | None = None) -> Starlette:
     return app
 
 
+def single_sign_on(auth: AuthSettings, signin: Signin) -> tuple[list[Route], list[Middleware]]:
+    """The OIDC routes and the middleware keeping their state, when ``[auth] oidc_issuer`` is set.
+    authlib (and cryptography) are imported only by a server that signs in through OIDC."""
+    if not auth.oidc_issuer:
+        return [], []
+    from server.web.oidc import OidcSignin, oidc_routes
+
+    oidc = OidcSignin(auth, signin)
+    return oidc_routes(oidc), [oidc.middleware()]
+
+
 async def watched_connection(websocket: WebSocket[AppState], viewer: Viewer) -> None:
     """Serve the socket until it ends or its sign-in is revoked; then close it with 4401."""
-    with websocket.state["revocations"].track(viewer) as revoked:
+    state = websocket.state
+    with state["revocations"].track(viewer) as revoked, state["user_buckets"].of(viewer.owner) as bucket:
         async with anyio.create_task_group() as tasks:
             async def close_when_revoked() -> None:
                 await revoked.wait()
                 tasks.cancel_scope.cancel()
 
             tasks.start_soon(close_when_revoked)
-            await Connection(websocket, websocket.state["hub"], viewer.owner).run()
+            await Connection(websocket, state["hub"], viewer.owner, bucket).run()
             tasks.cancel_scope.cancel()
         if revoked.is_set():
             with contextlib.suppress(RuntimeError, OSError):
@@ -210,13 +221,22 @@ async def watched_connection(websocket: WebSocket[AppState], viewer: Viewer) -> 
 
 
 async def events(request: Request[AppState]) -> Response:
-    """The observer bus; a signed-in user's stream carries their own sessions' events (an admin's, all)."""
-    viewer = viewer_in(request.scope)
-    allowed = None
-    if viewer is not None and not viewer.sees_all_events:
-        allowed = OwnedSessions(request.state["store"], viewer)
-    return StreamingResponse(sse_stream(request.state["bus"], allowed=allowed),
-                             media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    """The observer bus; a signed-in user's stream carries their own sessions' events (an admin's, all)
+    and ends when their sign-in is revoked."""
+    viewer = viewer_in(request.scope) or ANYONE
+    allowed = None if viewer.sees_all_events else OwnedSessions(request.state["store"], viewer)
+    bus, revocations = request.state["bus"], request.state["revocations"]
+
+    async def stream() -> AsyncIterator[str]:
+        subscription = bus.subscribe()
+        try:
+            with revocations.track(viewer, subscription.cut):
+                async for chunk in sse_stream(bus, allowed=allowed, subscription=subscription):
+                    yield chunk
+        finally:
+            bus.unsubscribe(subscription)
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 class OwnedSessions:
@@ -232,9 +252,12 @@ class OwnedSessions:
 
     async def __call__(self, session_id: str) -> bool:
         if session_id not in self.known:
+            owner = await self.store.session_owner(session_id)
+            if owner is None:
+                return False  # not stored yet (a new session's first lines): asked again next time
             if len(self.known) >= self.LIMIT:
                 self.known.pop(next(iter(self.known)))
-            self.known[session_id] = self.viewer.sees(await self.store.session_owner(session_id))
+            self.known[session_id] = self.viewer.sees(owner)
         return self.known[session_id]
 
 

@@ -93,7 +93,7 @@ def peer_trusted(scope: Scope, trusted: Sequence[Network]) -> bool:
 
 
 def is_page(path: str) -> bool:
-    return path == "/" or path.startswith("/s/")
+    return path in ("/", "/admin") or path.startswith("/s/")
 
 
 def is_open(path: str, mode: str) -> bool:
@@ -152,9 +152,10 @@ class Authenticator:
                 return Viewer(user, login=key)
         token = given_token(conn)
         if token.startswith(TOKEN_PREFIX):
-            user = await store.token_user(secret_key(token), utc_now())
+            key = secret_key(token)
+            user = await store.token_user(key, utc_now())
             if user is not None:
-                return Viewer(user)
+                return Viewer(user, token=key)
         return None
 
     async def header_user(self, conn: HTTPConnection[Any], store: Store) -> Viewer | None:

@@ -79,7 +79,8 @@ def join_run(run: list[Packet]) -> Packet:
 
 
 class Connection:
-    def __init__(self, websocket: WebSocket[Any], hub: SessionHub, owner: str | None = None) -> None:
+    def __init__(self, websocket: WebSocket[Any], hub: SessionHub, owner: str | None = None,
+                 user_bucket: TokenBucket | None = None) -> None:
         self.ws = websocket
         self.hub = hub
         self.owner = owner  # the signed-in user's id: the only sessions this socket may open
@@ -89,6 +90,7 @@ class Connection:
         self.coalesce_seconds = hub.coalesce_seconds
         self.limits = hub.rt.settings.server
         self.bucket = TokenBucket(self.limits.frame_rate, self.limits.frame_burst)
+        self.user_bucket = user_bucket  # the signed-in user's, shared with their other sockets
         self.flooding = False  # one rate_limited answer per run of refused frames, not one each
 
     async def run(self) -> None:
@@ -147,14 +149,19 @@ class Connection:
     def within_rate(self) -> bool:
         """Spend a token for this frame; a refused frame is dropped unread, and the first of a run
         is answered with ``rate_limited``."""
+        rate, burst, whose = self.limits.frame_rate, self.limits.frame_burst, ""
         wait = self.bucket.take()
+        if not wait and self.user_bucket is not None:
+            wait = self.user_bucket.take()
+            auth = self.hub.rt.settings.auth
+            rate, burst, whose = auth.user_frame_rate, auth.user_frame_burst, " over all your connections"
         if not wait:
             self.flooding = False
             return True
         if not self.flooding:
             self.flooding = True
             self.send_local(error_frame(FrameFlood(
-                f"more than {self.limits.frame_rate:g} frames a second (burst {self.limits.frame_burst}); "
+                f"more than {rate:g} frames a second{whose} (burst {burst}); "
                 "frames are dropped until the rate falls", retry_after=round(wait, 3))))
         return False
 

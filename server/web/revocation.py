@@ -12,7 +12,7 @@ this instance is also told at once (``revoke``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import anyio
@@ -30,29 +30,45 @@ class Revocations:
     def __init__(self, store: Store, interval_seconds: float) -> None:
         self.store = store
         self.interval = interval_seconds
-        self.logins: dict[str, set[anyio.Event]] = {}
-        self.users: dict[str, set[anyio.Event]] = {}
+        self.logins: dict[str, set[Callable[[], None]]] = {}
+        self.tokens: dict[str, set[Callable[[], None]]] = {}
+        self.users: dict[str, set[Callable[[], None]]] = {}
 
     @contextmanager
-    def track(self, viewer: Viewer) -> Iterator[anyio.Event]:
-        """An event set when ``viewer``'s sign-in is revoked, for as long as the block runs."""
+    def track(self, viewer: Viewer, on_revoke: Callable[[], None] | None = None) -> Iterator[anyio.Event]:
+        """An event set (and ``on_revoke`` called) when ``viewer``'s sign-in, API token or account is
+        revoked, for as long as the block runs."""
         revoked = anyio.Event()
         if viewer.user is None:  # nobody signs in: nothing to revoke
             yield revoked
             return
-        table, key = (self.logins, viewer.login) if viewer.login else (self.users, viewer.user.id)
-        table.setdefault(key, set()).add(revoked)
+
+        def revoke() -> None:
+            revoked.set()
+            if on_revoke is not None:
+                on_revoke()
+
+        table, key = self._table_of(viewer)
+        table.setdefault(key, set()).add(revoke)
         try:
             yield revoked
         finally:
-            events = table.get(key, set())
-            events.discard(revoked)
-            if not events:
+            callbacks = table.get(key, set())
+            callbacks.discard(revoke)
+            if not callbacks:
                 table.pop(key, None)
 
+    def _table_of(self, viewer: Viewer) -> tuple[dict[str, set[Callable[[], None]]], str]:
+        assert viewer.user is not None
+        if viewer.login:
+            return self.logins, viewer.login
+        if viewer.token:
+            return self.tokens, viewer.token
+        return self.users, viewer.user.id  # a proxy's header names the user: disabling is the revocation
+
     def revoke(self, login: str) -> None:
-        for event in self.logins.pop(login, set()):
-            event.set()
+        for callback in self.logins.pop(login, set()):
+            callback()
 
     async def run(self) -> None:
         while True:
@@ -63,15 +79,16 @@ class Revocations:
                 log.warning("revocation check: %s", exc)
 
     async def check(self) -> None:
-        """Revoke every tracked sign-in and user the store no longer vouches for."""
-        for table, still_good in ((self.logins, self._live_logins), (self.users, self.store.active_users)):
+        """Revoke every tracked sign-in, token and user the store no longer vouches for."""
+        for table, still_good in ((self.logins, self._live_logins), (self.tokens, self.store.live_tokens),
+                                  (self.users, self.store.active_users)):
             keys = list(table)
             for start in range(0, len(keys), BATCH):
                 batch = keys[start:start + BATCH]
                 good = await still_good(batch)
                 for key in set(batch) - good:
-                    for event in table.pop(key, set()):
-                        event.set()
+                    for callback in table.pop(key, set()):
+                        callback()
 
     async def _live_logins(self, keys: list[str]) -> set[str]:
         return await self.store.live_logins(keys, utc_now())

@@ -8,6 +8,7 @@
     POST   /api/auth/tokens           {"name"} -> 201 {"id", "name", "token"} (the secret, shown once)
     DELETE /api/auth/tokens/{id}      204
     GET    /api/admin/users           200 [user with sessions, tokens and cost this month]; admins only
+    GET    /admin                     the same as a page; 404 for anyone but an admin
 
 Every POST goes through the front door's rules (``server.web.access``: JSON only, same Origin), so a
 page elsewhere can neither sign a visitor in nor out. The cookie is HttpOnly, SameSite=Lax, Secure
@@ -24,13 +25,13 @@ from collections import OrderedDict, deque
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from server.accounts.passwords import MAX_PASSWORD_CHARS, verify
 from server.accounts.usage import month_start, usage_rows
 from server.accounts.viewer import Viewer, viewer_in
-from server.errors import ClientError, SigninFlood, Unauthorized, UnknownSession
+from server.errors import ClientError, NotFound, SigninFlood, Unauthorized
 from server.store.base import Store
 from server.store.users import ApiToken, User, utc_now
 from server.web.api import Reading, read_json
@@ -39,14 +40,16 @@ from server.web.revocation import Revocations
 
 MAX_SIGNIN_BYTES = 8 * 1024
 MAX_TOKEN_NAME_CHARS = 64
+MAX_TOKENS = 50  # API tokens per user
 MAX_TRACKED = 10_000  # (address, name) pairs whose failures are remembered
 WINDOW_SECONDS = 60.0
 
 
 class SigninLimiter:
-    """At most ``attempts`` failed sign-ins a minute for one name from one address, and four times
-    that for any names from one address; the next is refused (429) with the wait, before any
-    password is hashed. Kept per process (a bound, not a ledger: an attacker spreading over
+    """At most ``attempts`` sign-ins a minute for one name from one address (a success forgets that
+    name's), and four times that for any names from one address; the next is refused (429) with the
+    wait, before any password is hashed. An attempt counts when it starts, so many sent at once are
+    held to the same bound. Kept per process (a bound, not a ledger: an attacker spreading over
     instances gets a multiple of it, never unlimited)."""
 
     def __init__(self, attempts: int, clock: Any = time.monotonic) -> None:
@@ -54,14 +57,13 @@ class SigninLimiter:
         self.clock = clock
         self.failures: OrderedDict[tuple[str, str], deque[float]] = OrderedDict()
 
-    def check(self, address: str, name: str) -> None:
+    def attempt(self, address: str, name: str) -> None:
+        """Count an attempt, or refuse it (``SigninFlood``) when it is one too many."""
         for key, limit in (((address, name.lower()), self.attempts), ((address, ""), 4 * self.attempts)):
             times = self._recent(key)
             if len(times) >= limit:
                 wait = max(1, round(times[0] + WINDOW_SECONDS - self.clock()))
                 raise SigninFlood(f"too many failed sign-ins from your address; try again in {wait} s")
-
-    def failed(self, address: str, name: str) -> None:
         for key in ((address, name.lower()), (address, "")):
             self.failures.setdefault(key, deque()).append(self.clock())
             self.failures.move_to_end(key)
@@ -115,15 +117,14 @@ class Signin:
 
     async def signin(self, request: Request[Any]) -> Response:
         if self.mode != "accounts":
-            raise UnknownSession("this server has no accounts to sign in to")
+            raise NotFound("this server has no accounts to sign in to")
         name, password = _credentials(await read_json(request, MAX_SIGNIN_BYTES, self.reading))
         address = address_of(request)
-        self.limiter.check(address, name)
+        self.limiter.attempt(address, name)
         store = store_of(request)
         user = await store.find_user(name)
         good = await verify(user.password_hash if user else None, password)
         if user is None or not good or user.disabled:
-            self.limiter.failed(address, name)
             raise Unauthorized("wrong name or password (or the account is disabled)")
         self.limiter.succeeded(address, name)
         return await self.signed_in(request, user, JSONResponse({"user": user.public()}))
@@ -131,7 +132,9 @@ class Signin:
     async def signed_in(self, request: Request[Any], user: User, response: Response) -> Response:
         """``response`` carrying a new sign-in of ``user``: the row in the store, the cookie."""
         secret = secrets.token_urlsafe(32)
-        await store_of(request).create_login(secret_key(secret), user.id, utc_now(self.lifetime))
+        store = store_of(request)
+        await store.prune_logins(utc_now())  # expired rows go as new ones come: the table stays small
+        await store.create_login(secret_key(secret), user.id, utc_now(self.lifetime))
         response.set_cookie(COOKIE, secret, max_age=int(self.lifetime), path="/", httponly=True,
                             samesite="lax", secure=request.url.scheme == "https")
         return response
@@ -165,6 +168,8 @@ class Signin:
         name = body.get("name") if isinstance(body, dict) else None
         if not isinstance(name, str) or not 1 <= len(name.strip()) <= MAX_TOKEN_NAME_CHARS:
             raise ClientError(f"name: expected 1 to {MAX_TOKEN_NAME_CHARS} characters")
+        if len(await store_of(request).list_tokens(viewer.user.id)) >= MAX_TOKENS:
+            raise ClientError(f"at most {MAX_TOKENS} API tokens each; delete one first")
         secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
         token = ApiToken(uuid.uuid4().hex[:12], viewer.user.id, name.strip(), utc_now(), None)
         await store_of(request).create_token(token, secret_key(secret))
@@ -175,18 +180,32 @@ class Signin:
         assert viewer.user is not None
         token_id = str(request.path_params["token_id"])[:64]
         if not await store_of(request).delete_token(viewer.user.id, token_id):
-            raise UnknownSession(f"no token {token_id!r}")
+            raise NotFound(f"no token {token_id!r}")
         return Response(status_code=204)
 
     async def users(self, request: Request[Any]) -> Response:
+        return JSONResponse(await self.usage(request))
+
+    async def admin_page(self, request: Request[Any]) -> Response:
+        """The admin's page: every user with sessions, tokens and cost this month."""
+        viewer = viewer_in(request.scope)
+        if viewer is None or viewer.user is None or not viewer.user.admin:
+            return PlainTextResponse("Not Found", status_code=404)  # as any path that names nothing
+        response = self.templates.TemplateResponse(request, "admin.html", {
+            "static_prefix": "/static", "rows": await self.usage(request), "month": month_start()[:7],
+            "user": viewer.user})
+        response.headers["Content-Security-Policy"] = self.policy
+        return response
+
+    async def usage(self, request: Request[Any]) -> list[dict[str, Any]]:
         viewer = viewer_of(request)
         if viewer.user is None or not viewer.user.admin:
-            raise UnknownSession("no such page")  # a user learns nothing, not even that it exists
+            raise NotFound("no such page")  # a user learns nothing, not even that it exists
         store = store_of(request)
         rows = usage_rows(await store.usage_since(month_start()))
         for row in rows:
-            row["tokens"] = len(await store.list_tokens(str(row["id"])))
-        return JSONResponse(rows)
+            row["api_tokens"] = len(await store.list_tokens(str(row["id"])))
+        return rows
 
 
 def _credentials(body: Any) -> tuple[str, str]:
@@ -210,4 +229,5 @@ def signin_routes(signin: Signin) -> list[Route]:
         Route("/api/auth/tokens", signin.new_token, methods=["POST"]),
         Route("/api/auth/tokens/{token_id}", signin.delete_token, methods=["DELETE"]),
         Route("/api/admin/users", signin.users, methods=["GET"]),
+        Route("/admin", signin.admin_page, methods=["GET"]),
     ]

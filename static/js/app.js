@@ -163,6 +163,7 @@ const handlers = {
   },
   aborted: (f) => transcript.aborted(f),
   turns_set_aside: (f) => transcript.turnsSetAside(f),
+  budget: (f) => meter.render("budget", f),
   error(f) {
     // A failed turn is retried in its place (retry_of); a refused message is simply sent again.
     const again = lastSent && composer.connected;

@@ -53,6 +53,7 @@ export class Meter {
   render(command, value) {
     if (command === "context") this.update(value);
     else if (command === "trims") this.trims = value;
+    else if (command === "budget") this.allowance(value);
     if (!this.panel.hidden) this.fillBreakdown();
   }
 
@@ -72,6 +73,14 @@ export class Meter {
     trims.append(el("h3", { text: this.trims.length ? `Trims this session (${this.trims.length})` : "No trims this session" }));
     if (this.trims.length) trims.append(el("ol", {}, ...this.trims.map((t) => el("li", { "data-testid": "breakdown-trim", text: trimLine(t) }))));
     this.panel.replaceChildren(list, trims);
+  }
+
+  // A signed-in user's daily token budget ([auth] daily_tokens): what is left today, beside the window.
+  allowance(f) {
+    const node = this.q("meter-allowance");
+    node.hidden = false;
+    node.textContent = `${fmt(f.tokens_left)} of ${fmt(f.daily_tokens)} tokens left today`;
+    node.dataset.level = f.tokens_left === 0 ? "danger" : f.tokens_left < f.daily_tokens * 0.1 ? "warn" : "calm";
   }
 
   update(f) {
