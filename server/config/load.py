@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -117,13 +117,19 @@ def _read_runtime(data: Mapping[str, Any], env: Mapping[str, str]) -> RuntimeSet
     return RuntimeSettings(**runtime)
 
 
-def _read_providers(data: Mapping[str, Any]) -> dict[str, ProviderProfile]:
-    providers: dict[str, ProviderProfile] = {}
-    for alias, table in _section(data, "providers").items():
-        prefix = f"providers.{alias}"
+def _named_tables(data: Mapping[str, Any], section: str, schema: tuple[Setting, ...]
+                  ) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """``[section.NAME]`` tables: each name, its key prefix and its values read against ``schema``."""
+    for name, table in _section(data, section).items():
+        prefix = f"{section}.{name}"
         if not isinstance(table, Mapping):
             raise ConfigError(f"{prefix}: expected a table")
-        values = _read_table(prefix, table, PROVIDER_SCHEMA)
+        yield name, prefix, _read_table(prefix, table, schema)
+
+
+def _read_providers(data: Mapping[str, Any]) -> dict[str, ProviderProfile]:
+    providers: dict[str, ProviderProfile] = {}
+    for alias, prefix, values in _named_tables(data, "providers", PROVIDER_SCHEMA):
         check_provider(prefix, values)
         providers[alias] = ProviderProfile(alias=alias, **values)
     return providers_or_demo(providers)
@@ -131,11 +137,7 @@ def _read_providers(data: Mapping[str, Any]) -> dict[str, ProviderProfile]:
 
 def _read_mcp_servers(data: Mapping[str, Any]) -> dict[str, McpServerSettings]:
     servers: dict[str, McpServerSettings] = {}
-    for name, table in _section(data, "mcp_servers").items():
-        prefix = f"mcp_servers.{name}"
-        if not isinstance(table, Mapping):
-            raise ConfigError(f"{prefix}: expected a table")
-        values = _read_table(prefix, table, MCP_SERVER_SCHEMA)
+    for name, prefix, values in _named_tables(data, "mcp_servers", MCP_SERVER_SCHEMA):
         check_mcp_server(prefix, name, values)
         servers[name] = McpServerSettings(name=name, **values)
     return servers
