@@ -34,6 +34,7 @@ from server.protocol import server_frame
 from server.providers.base import (
     Finish,
     ProviderRequest,
+    ReplyLimits,
     StreamEvent,
     TextDelta,
     ThinkingDelta,
@@ -264,8 +265,9 @@ class Turn:
         self.emit("route", turn_id=self.turn_id, created_at=self.writer.began, **self.route.fields())
         await self.emit_meter("send", reading)
         provider = self.rt.providers[self.route.provider]
+        limits = ReplyLimits(self.options.max_reply_chars, self.options.max_tool_argument_chars)
         request = ProviderRequest(self.route.model, messages, self.tools(final),
-                                  self.options.max_output_tokens)
+                                  self.options.max_output_tokens, limits)
         result = CallResult()
         began = time.monotonic()
         async with aclosing(provider.stream(request)) as events:  # closed at once on stop
