@@ -102,6 +102,10 @@ def check_bounded(dialect: str, kind: str, error: dict[str, Any], frames: list[d
     assert len(kept["content"]) + len(kept.get("thinking") or "") <= LIMIT
     if kind == "text":
         assert len(kept["content"]) > LIMIT // 2  # the reply so far, not an empty stub
+        # The meter shows the next send, the kept reply in it, before the error.
+        meter = [f for f in frames if f["type"] == "context"][-1]
+        assert meter["reason"] == "done" and meter["estimated_tokens"] > LIMIT // 8
+        assert frames.index(meter) < frames.index(error)
     assert not [m for m in history if m["role"] == "tool"]  # the half-streamed call never ran
     assert [m["content"] for m in history if m["role"] == "user"] == ["never stop", "and now?"]
 

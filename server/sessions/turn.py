@@ -213,7 +213,8 @@ class Turn:
 
     async def end(self, frame: dict[str, Any]) -> None:
         """The meter shows the next send (the reply just written included) before ``done``, so a
-        client that waits for ``done`` already has it. (A failed turn ends with its error alone.)"""
+        client that waits for ``done`` already has it. (A failed turn that kept a reply shows the
+        meter before its error: ``fail``.)"""
         try:
             await self.session.emit_meter(self.session.route, "done")
         except Exception:  # the store may be what failed (learned windows are read from it)
@@ -224,11 +225,17 @@ class Turn:
     async def fail(self, exc: Exception) -> None:
         """Keep the reply, marked interrupted, and tell the clients, even when the store refuses
         the mark: the error that ended the turn may be the store's own (the reply then waits in
-        ``Session.unsaved``)."""
+        ``Session.unsaved``). A reply kept is sent with the next message, so the meter shows it
+        before the error (a turn that kept nothing ends with its error alone)."""
+        kept = self.writer.joined
         try:
             await self.finish_reply(interrupted=True)
+            if kept and not isinstance(exc, StoreUnavailable):
+                await self.session.emit_meter(self.session.route, "done")
         except StoreUnavailable:
             pass  # the reply waits in Session.unsaved; the hub writes it when the store recovers
+        except Exception:  # the meter must never hide the error that ended the turn
+            log.exception("meter after turn %s of session %s", self.turn_id, self.session.id)
         finally:
             self.session.emit(error_frame(exc, turn_id=self.turn_id))
 
