@@ -15,8 +15,9 @@ the ``context`` frame sent before it (``reason: "send"``) with the fake's count.
 Printed per scenario: the error's median and worst case from the second turn on (and the worst of
 the first turn, before any count), and the sends the provider refused for length although the meter
 had shown them as fitting (window known; and window unknown, where "fitting" means within the
-trimming budget). ``--verbose`` prints every call. The bench adds a tool of its own,
-``query_records`` (a JSON result), to the built-in tools of the server it runs in.
+trimming budget). ``--verbose`` prints every call. The tools (``lookup_document``, a long prose
+document, and ``query_records``, a JSON result) come from ``bench/meter_tools.py``, a real MCP server
+the server starts over stdio: a provider other than the demo is offered tools only through MCP.
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ import anyio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from server.providers.base import ToolSpec  # noqa: E402
-from server.tools.demo import BUILTIN_TOOLS  # noqa: E402
 from tests.fakes.base import Call, Reply, running  # noqa: E402
 from tests.fakes.openai_fake import FakeOpenAI  # noqa: E402
 from tests.support import client, serve, settings_for  # noqa: E402
 
 WINDOWS = {"big": 32768, "small": 4096, "open": 8192}  # what the fake enforces
+TOOL = "bench__"  # the model-facing prefix of the bench's MCP server's tools
+TOOLS_SERVER = {"command": sys.executable, "args": [str(ROOT / "bench" / "meter_tools.py")]}
 PNG = {"media_type": "image/png", "data": "iVBORw0KGgo="}
 WORDS = ("meter context window budget token estimate provider reply history trim route model "
          "anchor calibration session breadcrumb summary image schema tool result").split()
@@ -87,17 +88,6 @@ def cjk(chars: int, seed: int) -> str:
     return "".join(CJK[(seed * 5 + n * 7) % len(CJK)] + ("。" if n % 20 == 19 else "") for n in range(chars))
 
 
-async def query_records(arguments: dict[str, Any]) -> str:
-    """The bench's JSON tool: records as an API would return them."""
-    rows = [{"id": n, "name": f"record-{n}", "score": round(n / 7, 3), "tags": ["a", "b"][: n % 3],
-             "active": n % 2 == 0} for n in range(int(arguments.get("limit", 40)))]
-    return json.dumps({"records": rows, "next": None})
-
-
-QUERY_RECORDS = ToolSpec("query_records", "Query the records table; returns JSON.",
-                         {"type": "object", "properties": {"limit": {"type": "integer"}}})
-
-
 def reply_text(kind: str, length: int, seed: int) -> str:
     return {"code": code, "cjk": cjk}.get(kind, prose)(length, seed)
 
@@ -105,6 +95,22 @@ def reply_text(kind: str, length: int, seed: int) -> str:
 def call_function(call: Call) -> dict[str, Any]:
     """A tool call's function as meterchat sends it back in the next request."""
     return {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}
+
+
+class CountingFake(FakeOpenAI):
+    """The fake provider with vLLM's count endpoint, counting as its chat completions do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counter = "vllm"
+
+    def reset(self) -> None:
+        super().reset()
+        self.counter = "vllm"
+
+    @staticmethod
+    def count_of(value: Any) -> int:
+        return fake_count(value)
 
 
 @dataclass
@@ -123,8 +129,11 @@ class Fake:
         last = body["messages"][-1]
         text = last.get("content") if isinstance(last.get("content"), str) else ""
         if last["role"] == "user" and body.get("tools"):
-            call = (Call("lookup_document", {"title": "paper moon"}) if "look up" in text
-                    else Call("query_records", {"limit": 40}) if "query records" in text else None)
+            # A call id of its own, as real providers give (a repeated id's result is not sent again).
+            call_id = f"call_{len(self.counts)}"
+            call = (Call(TOOL + "lookup_document", {"title": "paper moon"}, call_id) if "look up" in text
+                    else Call(TOOL + "query_records", {"limit": 40}, call_id) if "query records" in text
+                    else None)
             if call is not None:
                 return Reply(tool_calls=[call], usage=(count, fake_tokens(json.dumps(call_function(call)))))
         asked = re.search(r"reply (\d+)(?: (code|cjk))?", "".join(p.get("text", "") for p in _parts(last)))
@@ -154,6 +163,8 @@ def scenarios(turns: int) -> dict[str, tuple[str, list[tuple[str, Any]]]]:
                               + [say(f"and now {n}? reply 200") for n in range(max(3, turns // 2))]),
         "unknown window": ("p/open", [say(f"{prose(200, n)} reply 500") for n in range(turns + 4)]),
         "mixed densities": ("p/big", [say(mixed_question(n)) for n in range(turns)]),
+        # The same on a provider with vLLM's POST /tokenize (counting with the same tokenizer).
+        "mixed, count endpoint": ("c/big", [say(mixed_question(n)) for n in range(turns)]),
     }
 
 
@@ -223,12 +234,14 @@ def summary(name: str, result: Result) -> str:
 
 async def run(turns: int, verbose: bool) -> None:
     fake = Fake()
-    BUILTIN_TOOLS[QUERY_RECORDS.name] = (QUERY_RECORDS, query_records)  # the server runs in this process
-    with running(FakeOpenAI(), "/v1") as provider, tempfile.TemporaryDirectory() as tmp:
-        provider.default = fake.reply
-        data = {"providers": {"p": {"kind": "openai", "base_url": provider.base_url, "model": "big",
-                                    "context_window": WINDOWS["big"], "discover_window": False,
-                                    "models": {"small": WINDOWS["small"], "open": 0}}}}
+    with running(FakeOpenAI(), "/v1") as provider, running(CountingFake(), "/v1") as counting, \
+            tempfile.TemporaryDirectory() as tmp:
+        provider.default = counting.default = fake.reply
+        profile = {"kind": "openai", "model": "big", "context_window": WINDOWS["big"],
+                   "discover_window": False, "models": {"small": WINDOWS["small"], "open": 0}}
+        data = {"providers": {"p": {**profile, "base_url": provider.base_url},
+                              "c": {**profile, "base_url": counting.base_url}},
+                "mcp_servers": {"bench": TOOLS_SERVER}}
         with serve(settings_for(Path(tmp), data)) as address:
             print("| scenario | calls | worst (turn 1) | median error (turn 2+) | worst (turn 2+) | "
                   "overflows | overflowed, shown fitting (window known) | same, window unknown | refused |")

@@ -29,7 +29,9 @@
         ├── Overloaded
         ├── Unavailable             connection refused, timeout, 5xx
         ├── AuthError               401/403
-        └── ProtocolError           a reply we cannot parse, or a 4xx we do not know
+        ├── ProtocolError           a reply we cannot parse, or a 4xx we do not know
+        └── ReplyTooLarge           a streamed reply past [runtime] max_reply_chars (or one tool
+                                    call's arguments past max_tool_argument_chars)
 
 ``error_frame`` turns any of them (or any other exception) into the body of an ``error`` frame.
 """
@@ -202,6 +204,12 @@ class AuthError(ProviderError):
 
 class ProtocolError(ProviderError):
     code = "protocol_error"
+
+
+class ReplyTooLarge(ProviderError):
+    """The provider streamed more than a reply may hold; the turn keeps what came, interrupted."""
+
+    code = "reply_too_large"
 
 
 def error_frame(exc: BaseException, *, turn_id: str | None = None) -> dict[str, Any]:

@@ -104,3 +104,10 @@ def test_compaction_target_equal_to_trigger_is_honoured() -> None:
     data = {"runtime": {"compaction": {"strategy": "truncation", "tokens_exceed": 1000,
                                        "target_tokens": 1000}}}
     assert settings_from_mapping(data, env={}).runtime.compaction.target_tokens == 1000
+
+
+@pytest.mark.parametrize("key", ["max_reply_chars", "max_tool_argument_chars"])
+def test_config_a_zero_reply_bound_is_refused_naming_the_key(key: str) -> None:
+    """0 would end every reply at its first character: refused, not read as "no bound"."""
+    with pytest.raises(ConfigError, match=f"runtime.{key}: must be greater than 0"):
+        settings_from_mapping({"runtime": {key: 0}}, env={})

@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from server.providers.base import Finish, TextDelta, ThinkingDelta, ToolCallEvent
+from server.providers.base import Finish, ReplyLimits, TextDelta, ThinkingDelta, ToolCallEvent
+from server.providers.budget import ReplyBudget
 from server.providers.redact import clip, redact, short_message
 from server.providers.text import TextGuard, valid_text
 from server.providers.translate import translate_error
@@ -44,7 +45,7 @@ def test_valid_text_joins_escaped_pairs_and_replaces_lone_halves() -> None:
 
 
 def test_text_guard_joins_a_pair_split_across_deltas_per_channel() -> None:
-    guard = TextGuard()
+    guard = TextGuard(ReplyBudget("p", ReplyLimits()))
     got = [out for event in (TextDelta("x\ud83d"), ThinkingDelta("t\ud83e"), TextDelta("\ude00y"),
                              ThinkingDelta("\udd14"), TextDelta("end\ud83d"), Finish("stop", "m\udc00"))
            for out in guard.events(event)]
@@ -54,7 +55,7 @@ def test_text_guard_joins_a_pair_split_across_deltas_per_channel() -> None:
 
 def test_text_guard_makes_tool_arguments_valid() -> None:
     call = ToolCallEvent("c\ud800", "look\udc00", {"q": ["a\ud83d\ude00", {"k\udc00": "v"}], "n": 1})
-    (out,) = TextGuard().events(call)
+    (out,) = TextGuard(ReplyBudget("p", ReplyLimits())).events(call)
     assert out == ToolCallEvent("c\ufffd", "look\ufffd", {"q": ["a😀", {"k\ufffd": "v"}], "n": 1})
 
 

@@ -25,6 +25,8 @@ POSITIVE_SERVER_SETTINGS = ("max_outbox_bytes", "max_connections", "hello_timeou
 # Provider limits that must be positive: 0 would mean "never" or "nothing", not "off".
 POSITIVE_PROVIDER_SETTINGS = ("idle_timeout_seconds", "max_line_bytes", "max_connections",
                               "pool_timeout_seconds")
+# Reply bounds: 0 would refuse every reply, not lift the bound.
+POSITIVE_RUNTIME_SETTINGS = ("max_reply_chars", "max_tool_argument_chars")
 POSITIVE_LIVE_SETTINGS = ("lease_ttl_ms", "stream_max_frames", "coalesce_bytes")
 POSITIVE_MCP_SETTINGS = ("start_timeout_seconds", "call_timeout_seconds", "max_tools", "max_schema_bytes",
                          "max_result_bytes")

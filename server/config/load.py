@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from server.config.checks import (
+    POSITIVE_RUNTIME_SETTINGS,
     POSITIVE_SERVER_SETTINGS,
     check_auth,
     check_compaction,
@@ -110,6 +111,7 @@ def _read_server(data: Mapping[str, Any], env: Mapping[str, str]) -> ServerSetti
 
 def _read_runtime(data: Mapping[str, Any], env: Mapping[str, str]) -> RuntimeSettings:
     runtime = _read_section(data, "runtime", env)
+    check_positive("runtime", runtime, POSITIVE_RUNTIME_SETTINGS)
     runtime["history_pruning"] = HistoryPruning(**_read_section(data, "runtime.history_pruning", env))
     compaction = _read_section(data, "runtime.compaction", env)
     check_compaction(compaction)

@@ -149,6 +149,11 @@ class RuntimeSettings:
     image_token_cost: int = setting(1000, "Fixed token estimate per image actually sent.")
     max_image_bytes: int = setting(5 * 1024 * 1024, "Largest decoded image accepted.")
     max_output_tokens: int = setting(1024, "max_tokens asked of providers that need one.")
+    max_reply_chars: int = setting(4 * 1024 * 1024, "Most characters one provider call may stream (text, "
+                                   "thinking and tool-call arguments together); past it the call ends "
+                                   "with reply_too_large, the reply so far kept.")
+    max_tool_argument_chars: int = setting(1024 * 1024, "Most characters of one tool call's arguments; "
+                                           "past it the call ends with reply_too_large.")
     reply_reserve_tokens: int = setting(0, "Tokens kept free for the reply (meter, trims, capacity check).")
     system_prompt: str = setting("", "Leading system message of every session.")
     # subsections: their own tables, [runtime.history_pruning] and [runtime.compaction]

@@ -97,6 +97,12 @@ class HistoryLedger:
         crumb = [self._crumb] if self._crumb is not None else []
         return [*self._system, *crumb, *self._rows[self._head:]]
 
+    def tail(self, limit: int = 64) -> list[ChatMessage]:
+        """The newest ``limit`` messages to send, in order (the meter reads what follows the last
+        reply from them without copying the whole history)."""
+        rows = self._rows[max(self._head, len(self._rows) - limit):]
+        return [*self._system, *rows] if len(rows) < limit else rows
+
     def _turns_to_drop(self, budget: int) -> int:
         crumb = self._crumb.text_tokens if self._crumb is not None else BREADCRUMB_TOKENS
         fixed = self._system_tokens + crumb + self._current_extra

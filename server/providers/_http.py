@@ -6,9 +6,11 @@ finds none free within ``pool_timeout_seconds`` is ``Overloaded`` at once instea
 the others), error bodies (their first ``MAX_ERROR_BODY`` bytes, whatever came within
 ``ERROR_BODY_SECONDS``; the rest is never read and the connection is dropped), metadata answers
 (``get_json``: ``MAX_METADATA_BODY`` bytes within ``METADATA_SECONDS``, else no answer), lines
-(``max_line_bytes``, else ``ProtocolError``) and silence dressed as keep-alives (no event for
-``idle_timeout_seconds``: ``Unavailable``). What leaves is safe: error messages are shortened and
-redacted (the full body goes to the DEBUG log, redacted too), text is valid Unicode (``redact.py``).
+(``max_line_bytes``, else ``ProtocolError``), the reply itself (``ReplyBudget``: text, thinking and
+tool-call arguments, else ``ReplyTooLarge``, the response closed unread) and silence dressed as
+keep-alives (no event for ``idle_timeout_seconds``: ``Unavailable``). What leaves is safe: error
+messages are shortened and redacted (the full body goes to the DEBUG log, redacted too), text is
+valid Unicode (``redact.py``).
 Failures are translated in ``translate.py``.
 """
 
@@ -28,6 +30,7 @@ import httpx
 from server.config.settings import ProviderProfile
 from server.errors import ProtocolError, ProviderError
 from server.providers.base import ProviderRequest, StreamEvent, TokenCount
+from server.providers.budget import ReplyBudget
 from server.providers.decoders import LineTooLong
 from server.providers.redact import redact, short_message
 from server.providers.text import TextGuard
@@ -149,6 +152,7 @@ class Decoder(Protocol):
 
 class StreamState(Protocol):
     done: bool
+    budget: ReplyBudget  # what the reply may still grow by; the dialect counts tool calls against it
 
     def handle(self, event: Any) -> list[StreamEvent]: ...
 
@@ -177,7 +181,7 @@ class HttpProvider:
         # One loop from the socket to the caller, written out: every async generator between them
         # would cost a hop per event on the hottest path of a reply.
         alias, idle = self.profile.alias, self.profile.idle_timeout_seconds
-        guard = TextGuard()
+        guard = TextGuard(state.budget)
         try:
             async with open_stream(self._client, alias, self._url(path), body, self._headers(),
                                    self._secrets) as response:

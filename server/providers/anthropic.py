@@ -34,6 +34,7 @@ from server.providers.base import (
     Usage,
     WindowInfo,
 )
+from server.providers.budget import ReplyBudget
 from server.providers.counts import anthropic_count
 from server.providers.decoders import SSEDecoder, SSEEvent
 from server.providers.translate import translate_error
@@ -99,11 +100,13 @@ class _Block:
     id: str = ""
     name: str = ""
     json_parts: list[str] = field(default_factory=list)
+    size: int = 0  # characters of input JSON so far
 
 
 @dataclass
 class _StreamState:
     alias: str
+    budget: ReplyBudget
     blocks: dict[int, _Block] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=dict)
     reason: str | None = None
@@ -134,7 +137,10 @@ class _StreamState:
     def _on_content_block_start(self, payload: dict[str, Any]) -> list[StreamEvent]:
         block = payload.get("content_block") or {}
         kind = block.get("type", "")
-        self.blocks[payload.get("index", 0)] = _Block(kind, block.get("id", ""), block.get("name", ""))
+        index = payload.get("index", 0)
+        if index not in self.blocks:  # a block's bookkeeping counts, so endless empty blocks end too
+            self.budget.call(str(block.get("name") or ""), str(block.get("id") or ""))
+        self.blocks[index] = _Block(kind, block.get("id", ""), block.get("name", ""))
         if kind == "text" and block.get("text"):
             return [TextDelta(block["text"])]
         if kind == "thinking" and block.get("thinking"):
@@ -149,8 +155,15 @@ class _StreamState:
         if kind == "thinking_delta" and delta.get("thinking"):
             return [ThinkingDelta(delta["thinking"])]
         if kind == "input_json_delta":
-            block = self.blocks.setdefault(payload.get("index", 0), _Block("tool_use"))
-            block.json_parts.append(delta.get("partial_json") or "")
+            index = payload.get("index", 0)
+            block = self.blocks.get(index)
+            if block is None:
+                block = self.blocks[index] = _Block("tool_use")
+                self.budget.call("")
+            piece = delta.get("partial_json") or ""
+            block.size += len(piece)
+            self.budget.arguments(block.name, block.size, len(piece))
+            block.json_parts.append(piece)
         return []
 
     def _on_content_block_stop(self, payload: dict[str, Any]) -> list[StreamEvent]:
@@ -193,7 +206,9 @@ class AnthropicProvider(_http.HttpProvider):
         return headers
 
     def stream(self, request: ProviderRequest) -> AsyncGenerator[StreamEvent, None]:
-        return self._run("/v1/messages", request_body(request), _StreamState(self.profile.alias),
+        alias = self.profile.alias
+        return self._run("/v1/messages", request_body(request),
+                         _StreamState(alias, ReplyBudget(alias, request.limits)),
                          SSEDecoder(self.profile.max_line_bytes))
 
     async def context_window(self, model: str) -> WindowInfo | None:

@@ -22,12 +22,26 @@ class ToolSpec:
     parameters: dict[str, Any]  # JSON schema of the arguments object
 
 
+MAX_REPLY_CHARS = 4 * 1024 * 1024  # [runtime] max_reply_chars' default: no real reply comes near it
+MAX_TOOL_ARGUMENT_CHARS = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ReplyLimits:
+    """What one call's reply may hold: ``chars`` of text, thinking and tool-call arguments together,
+    ``tool_argument_chars`` of one call's arguments. Past either the dialect raises ReplyTooLarge."""
+
+    chars: int = MAX_REPLY_CHARS
+    tool_argument_chars: int = MAX_TOOL_ARGUMENT_CHARS
+
+
 @dataclass(frozen=True)
 class ProviderRequest:
     model: str
     messages: Sequence[ChatMessage]
     tools: Sequence[ToolSpec] = ()
     max_output_tokens: int | None = None
+    limits: ReplyLimits = ReplyLimits()
 
 
 @dataclass(frozen=True)

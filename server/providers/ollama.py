@@ -41,6 +41,7 @@ from server.providers.base import (
     Usage,
     WindowInfo,
 )
+from server.providers.budget import ReplyBudget
 from server.providers.decoders import NDJSONDecoder
 from server.providers.openai import wire_tools
 from server.providers.translate import translate_error
@@ -84,6 +85,7 @@ def request_body(request: ProviderRequest, num_ctx: int) -> dict[str, Any]:
 @dataclass
 class _StreamState:
     alias: str
+    budget: ReplyBudget
     calls: int = 0
     done: bool = False
 
@@ -119,6 +121,10 @@ class _StreamState:
         if not isinstance(arguments, dict):
             raise ProtocolError(f"{self.alias}: tool call {function['name']!r} arguments are not an object")
         self.calls += 1
+        # A call comes whole on its line (bounded by max_line_bytes); an endless run of them is not.
+        size = len(json.dumps(arguments, ensure_ascii=False))
+        self.budget.call(function["name"])
+        self.budget.arguments(function["name"], size, size)
         return ToolCallEvent(call.get("id") or self._call_id(line, function, arguments),
                              function["name"], arguments)
 
@@ -144,7 +150,8 @@ class OllamaProvider(_http.HttpProvider):
 
     def stream(self, request: ProviderRequest) -> AsyncGenerator[StreamEvent, None]:
         body = request_body(request, self.profile.num_ctx)
-        return self._run("/api/chat", body, _StreamState(self.profile.alias),
+        alias = self.profile.alias
+        return self._run("/api/chat", body, _StreamState(alias, ReplyBudget(alias, request.limits)),
                          NDJSONDecoder(self.profile.max_line_bytes))
 
     async def context_window(self, model: str) -> WindowInfo | None:

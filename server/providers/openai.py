@@ -41,6 +41,7 @@ from server.providers.base import (
     Usage,
     WindowInfo,
 )
+from server.providers.budget import ReplyBudget
 from server.providers.counts import OpenAICompatibleCounter
 from server.providers.decoders import SSEDecoder, SSEEvent
 from server.providers.translate import translate_error
@@ -120,6 +121,7 @@ class _PartialCall:
     id: str = ""
     name: str = ""
     arguments: list[str] = field(default_factory=list)
+    size: int = 0  # characters of arguments so far
 
 
 @dataclass
@@ -127,6 +129,7 @@ class _StreamState:
     """Everything one reply accumulates between chunks."""
 
     alias: str
+    budget: ReplyBudget
     calls: dict[int, _PartialCall] = field(default_factory=dict)
     usage: Usage | None = None
     reason: str | None = None
@@ -178,12 +181,18 @@ class _StreamState:
 
     def _fragment(self, fragment: dict[str, Any]) -> None:
         index = fragment.get("index", len(self.calls))
-        call = self.calls.setdefault(index, _PartialCall())
-        call.id = fragment.get("id") or call.id
         function = fragment.get("function") or {}
+        call = self.calls.get(index)
+        if call is None:
+            call = self.calls[index] = _PartialCall()
+            self.budget.call(str(function.get("name") or ""), str(fragment.get("id") or ""))
+        call.id = fragment.get("id") or call.id
         call.name = function.get("name") or call.name
-        if function.get("arguments"):
-            call.arguments.append(function["arguments"])
+        piece = function.get("arguments")
+        if piece:
+            call.size += len(piece)
+            self.budget.arguments(call.name, call.size, len(piece))
+            call.arguments.append(piece)
 
     def _tool_calls(self) -> list[StreamEvent]:
         out: list[StreamEvent] = []
@@ -216,7 +225,9 @@ class OpenAIProvider(_http.HttpProvider):
         return await self._counter.count(request, wire_messages(request.messages), tools)
 
     def stream(self, request: ProviderRequest) -> AsyncGenerator[StreamEvent, None]:
-        return self._run("/chat/completions", request_body(request), _StreamState(self.profile.alias),
+        alias = self.profile.alias
+        return self._run("/chat/completions", request_body(request),
+                         _StreamState(alias, ReplyBudget(alias, request.limits)),
                          SSEDecoder(self.profile.max_line_bytes))
 
     async def context_window(self, model: str) -> WindowInfo | None:

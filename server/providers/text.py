@@ -4,7 +4,8 @@ A JSON string may hold a lone surrogate (``"\\ud83d"`` decodes to one), which no
 downstream (the store, the socket) accepts. ``valid_text`` replaces lone surrogates with U+FFFD and
 joins a pair that arrived as two escapes. ``TextGuard`` does it for a whole reply: a high surrogate
 that ends one delta waits for the next delta of its channel (text, thinking), so an emoji whose
-surrogate pair a provider split across two deltas arrives whole.
+surrogate pair a provider split across two deltas arrives whole. It also counts each delta against
+the reply's ``ReplyBudget`` (it sees every delta once, on the one path they all take).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 from typing import Any
 
 from server.providers.base import Finish, StreamEvent, TextDelta, ThinkingDelta, ToolCallEvent
+from server.providers.budget import ReplyBudget
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _PAIR_OR_LONE = re.compile("[\ud800-\udbff][\udc00-\udfff]|[\ud800-\udfff]")
@@ -59,9 +61,10 @@ class SurrogateJoiner:
 
 
 class TextGuard:
-    """A reply's events with their text made valid; most events pass through untouched."""
+    """A reply's events with their text made valid and counted; most events pass through untouched."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: ReplyBudget) -> None:
+        self._budget = budget
         self._text = SurrogateJoiner()
         self._thinking = SurrogateJoiner()
 
@@ -75,6 +78,7 @@ class TextGuard:
         return (event,)
 
     def _delta(self, event: TextDelta | ThinkingDelta) -> tuple[StreamEvent, ...]:
+        self._budget.take(len(event.text))
         joiner = self._text if isinstance(event, TextDelta) else self._thinking
         text = joiner.text(event.text)
         if text is event.text:

@@ -17,17 +17,28 @@ shared preamble) is counted in the background. Contract:
 - A count becomes the route's anchor (``Anchor(raw, count, source="provider_count")``, keeping the
   ratios learned) and a ``context`` frame (``reason: "count"``) whose ``tokens_source`` says
   ``provider_count``. The next send is then that count plus the new message's estimate.
+
+One count is on the hot path, on purpose: ``count_first_of_kind``, in a tool loop, before the call
+that carries tool results of a kind of content neither the session nor the route has had counted (a
+first JSON result in a prose conversation: nothing says what it costs). The call waits for it at
+most ``FIRST_OF_KIND_SECONDS``, then goes on with the estimate; the count teaches the kind's ratio
+(the count less the anchor past the reply, over the results' estimate), so it happens once per kind
+and route.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import anyio
 
+from server.history.messages import estimate_history_tokens
+from server.history.trim import sweep_orphans
 from server.providers.base import ProviderRequest, TokenCount
-from server.routing.meter import count_anchor
+from server.routing.meter import content_kind, count_anchor, next_anchor
+from server.routing.resolver import Route
 from server.sessions.runtime import Runtime
 
 if TYPE_CHECKING:
@@ -36,7 +47,41 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COUNT_SECONDS = 10.0  # the whole count (a probe may make three calls, each bounded by 5 s)
+FIRST_OF_KIND_SECONDS = 1.0  # what a tool loop's next call waits at most for its count
+COUNTING_KINDS = ("openai", "anthropic")  # the dialects with count endpoints
 REASON = "count"
+
+
+def counts(rt: Runtime, route: Route) -> bool:
+    profile = rt.settings.providers.get(route.provider)
+    return profile is not None and profile.count_endpoint != "off" and profile.kind in COUNTING_KINDS
+
+
+async def count_first_of_kind(rt: Runtime, session: Session, route: Route, final: bool) -> bool:
+    """Count the tool loop's next request when what it adds is of a kind never counted on ``route``
+    (see the module's docstring); True when the count became the anchor."""
+    anchor = session.anchors.get(route.name)
+    if anchor is None or anchor.counted or not counts(rt, route):
+        return False  # no anchor past the reply: the count could not tell the results' cost apart
+    messages = sweep_orphans(session.to_send())
+    kind = content_kind(messages)
+    if kind is None or anchor.kind_ratio(kind) or rt.meter.kinds.get(route.name, kind):
+        return False
+    tools = rt.meter.tools(route, final)
+    counted: TokenCount | None = None
+    with anyio.move_on_after(FIRST_OF_KIND_SECONDS):
+        counted = await rt.providers[route.provider].count_tokens(
+            ProviderRequest(route.model, messages, tools, rt.options.max_output_tokens))
+    if counted is None:
+        return False
+    raw = (await rt.meter.read(route, estimate_history_tokens(messages, session.image_token_cost),
+                               tools)).estimate
+    moved = next_anchor(anchor, raw, counted.tokens, kind)
+    session.anchors[route.name] = replace(moved, source="provider_count")
+    learned = moved.kind_ratio(kind)
+    if learned is not None:
+        rt.meter.kinds.learn(route.name, kind, learned)
+    return True
 
 
 class Counts:
@@ -47,8 +92,7 @@ class Counts:
 
     def request(self, session: Session) -> None:
         """Count ``session``'s next request soon, unless its provider has no count endpoint."""
-        profile = self.rt.settings.providers.get(session.route.provider)
-        if profile is None or profile.count_endpoint == "off" or profile.kind not in ("openai", "anthropic"):
+        if not counts(self.rt, session.route):
             return
         if session.id in self._running:
             self._again.add(session.id)
@@ -75,8 +119,11 @@ class Counts:
             return False  # the turn's own usage will count it
         route = session.route
         before = await session.read_meter(route)
-        request = ProviderRequest(route.model, session.to_send(), self.rt.meter.tools(route),
-                                  self.rt.options.max_output_tokens)
+        # What a turn would send: swept as Turn.prepare sweeps (a repeated call id's result is not
+        # sent, so it must not be counted either).
+        messages = sweep_orphans(session.to_send())
+        tools = self.rt.meter.tools(route)
+        request = ProviderRequest(route.model, messages, tools, self.rt.options.max_output_tokens)
         counted: TokenCount | None = None
         with anyio.move_on_after(COUNT_SECONDS):
             counted = await self.rt.providers[route.provider].count_tokens(request)
@@ -89,7 +136,9 @@ class Counts:
         reading = await session.read_meter(route)
         if reading.estimate != before.estimate:
             return False  # the history changed while it was counted
+        raw = (await self.rt.meter.read(route, estimate_history_tokens(messages, session.image_token_cost),
+                                        tools)).estimate
         anchors = session.anchors
-        anchors[route.name] = count_anchor(anchors.get(route.name), reading.estimate, counted.tokens)
+        anchors[route.name] = count_anchor(anchors.get(route.name), raw, counted.tokens)
         await session.emit_meter(route, REASON)
         return True

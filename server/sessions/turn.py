@@ -34,6 +34,7 @@ from server.protocol import server_frame
 from server.providers.base import (
     Finish,
     ProviderRequest,
+    ReplyLimits,
     StreamEvent,
     TextDelta,
     ThinkingDelta,
@@ -42,9 +43,10 @@ from server.providers.base import (
     Usage,
 )
 from server.routing.calibration import named_window, plausible
-from server.routing.meter import Reading, next_anchor, reply_tokens
+from server.routing.meter import Reading, content_kind, message_kind, next_anchor, reply_tokens
 from server.routing.resolver import Route
 from server.sessions.compaction_runner import Compaction, NoCompaction
+from server.sessions.counting import count_first_of_kind
 from server.sessions.reply import ReplyWriter, Step
 from server.sessions.runtime import Runtime
 from server.sessions.session import Session, utc_now
@@ -136,9 +138,15 @@ class Turn:
                                f"no older turn is left to drop: the newest turn alone does not fit")
         await self.apply_trim(report, reading, reading.history_figure(raw))
 
-    def anchor(self, raw: int, reported: int) -> None:
+    def anchor(self, raw: int, reported: int, kind: str | None = None) -> None:
+        """The provider counted ``reported`` for the request estimated at ``raw`` whose part after
+        the last reply was of ``kind``: the session's anchor moves, and a ratio it learned for that
+        kind becomes the route's (the next session's first tool result of the kind is priced by it)."""
         anchors = self.session.anchors
-        anchors[self.route.name] = next_anchor(anchors.get(self.route.name), raw, reported)
+        anchor = anchors[self.route.name] = next_anchor(anchors.get(self.route.name), raw, reported, kind)
+        learned = anchor.kind_ratio(kind)
+        if kind is not None and learned is not None:
+            self.rt.meter.kinds.learn(self.route.name, kind, learned)
 
     async def learn_from(self, overflow: ContextOverflow) -> None:
         """An overflow that names the provider's count calibrates; one that names its limit is the
@@ -146,7 +154,7 @@ class Turn:
         sent, counted = self.sent, overflow.requested_tokens or 0
         if sent is not None and plausible(sent.estimate, counted):
             self.rt.resolver.calibration.observe(self.route, sent.estimate, counted)
-            self.anchor(sent.estimate, counted)
+            self.anchor(sent.estimate, counted, sent.kind)
         window = named_window(overflow.limit_tokens or 0, self.options.max_output_tokens)
         if window and await self.rt.resolver.learn_window(self.route, window):
             self.emit("notice", code="window_learned", turn_id=self.turn_id, message=(
@@ -206,7 +214,8 @@ class Turn:
 
     async def end(self, frame: dict[str, Any]) -> None:
         """The meter shows the next send (the reply just written included) before ``done``, so a
-        client that waits for ``done`` already has it. (A failed turn ends with its error alone.)"""
+        client that waits for ``done`` already has it. (A failed turn that kept a reply shows the
+        meter before its error: ``fail``.)"""
         try:
             await self.session.emit_meter(self.session.route, "done")
         except Exception:  # the store may be what failed (learned windows are read from it)
@@ -217,11 +226,17 @@ class Turn:
     async def fail(self, exc: Exception) -> None:
         """Keep the reply, marked interrupted, and tell the clients, even when the store refuses
         the mark: the error that ended the turn may be the store's own (the reply then waits in
-        ``Session.unsaved``)."""
+        ``Session.unsaved``). A reply kept is sent with the next message, so the meter shows it
+        before the error (a turn that kept nothing ends with its error alone)."""
+        kept = self.writer.joined
         try:
             await self.finish_reply(interrupted=True)
+            if kept and not isinstance(exc, StoreUnavailable):
+                await self.session.emit_meter(self.session.route, "done")
         except StoreUnavailable:
             pass  # the reply waits in Session.unsaved; the hub writes it when the store recovers
+        except Exception:  # the meter must never hide the error that ended the turn
+            log.exception("meter after turn %s of session %s", self.turn_id, self.session.id)
         finally:
             self.session.emit(error_frame(exc, turn_id=self.turn_id))
 
@@ -242,6 +257,7 @@ class Turn:
             if not result.tool_calls or final:
                 return
             await self.run_tools(result.tool_calls)
+            await count_first_of_kind(self.rt, self.session, self.route, iteration == limit)
 
     async def prepare(self, final: bool) -> tuple[list[ChatMessage], Reading]:
         messages = without_old_tool_images(sweep_orphans(self.session.to_send()))
@@ -249,7 +265,7 @@ class Turn:
             messages.append(ChatMessage("user", FINAL_ANSWER_PROMPT, turn_id=self.turn_id))
         estimate = estimate_history_tokens(messages, self.options.image_token_cost)
         reading = await self.rt.meter.read(self.route, estimate, self.tools(final),
-                                           self.session.anchors.get(self.route.name))
+                                           self.session.anchors.get(self.route.name), content_kind(messages))
         over = reading.over_capacity()
         if over:
             raise CapacityExceeded(
@@ -265,8 +281,9 @@ class Turn:
         self.emit("route", turn_id=self.turn_id, created_at=self.writer.began, **self.route.fields())
         await self.emit_meter("send", reading)
         provider = self.rt.providers[self.route.provider]
+        limits = ReplyLimits(self.options.max_reply_chars, self.options.max_tool_argument_chars)
         request = ProviderRequest(self.route.model, messages, self.tools(final),
-                                  self.options.max_output_tokens)
+                                  self.options.max_output_tokens, limits)
         result = CallResult()
         began = time.monotonic()
         async with aclosing(provider.stream(request)) as events:  # closed at once on stop
@@ -324,7 +341,7 @@ class Turn:
                 f"or context_window for this provider so meterchat trims whole turns instead."))
         elif usage.input_tokens > 0:  # a truncated count says nothing about the tokenizer: kept out
             calibration.observe(self.route, reading.estimate, usage.input_tokens)
-            self.anchor(reading.estimate, usage.input_tokens)
+            self.anchor(reading.estimate, usage.input_tokens, reading.kind)
             self.reply_count = reply_tokens(usage, thinking=self.writer.thought)
         cost = self.rt.resolver.cost(self.route, usage.input_tokens, usage.output_tokens)
         self.add_to_totals(usage, cost)
@@ -372,7 +389,11 @@ class Turn:
         anchor = self.session.anchors.get(self.route.name)
         if message is None or count is None or anchor is None or not anchor.counted:
             return
-        self.session.anchors[self.route.name] = anchor.with_reply(message.text_tokens, count)
+        kind = None if message.tool_calls else message_kind(message)  # a call's JSON is too short
+        moved = self.session.anchors[self.route.name] = anchor.with_reply(message.text_tokens, count, kind)
+        learned = moved.kind_ratio(kind)
+        if kind is not None and learned is not None:
+            self.rt.meter.kinds.learn(self.route.name, kind, learned)
 
     async def run_tools(self, calls: list[ToolCall]) -> None:
         await self.finish_reply(interrupted=False, tool_calls=calls)  # a reply asking for tools is complete

@@ -31,7 +31,8 @@ Fixtures (``tests/fakes/fixtures.py``; session-scoped servers, reset before each
 usage=(input, output) | None | "auto", finish=None, model=None, status=200, error="...",
 error_type=None, error_code=None, body=None, headers={}, stream_error=None, ending="complete" |
 "drop" | "close", delay=0.0, raw=None, cache=(0, 0), hold=None | threading.Event,
-keepalive=0.0, error_size=0 | ENDLESS, error_fill=b" ")``;
+keepalive=0.0, error_size=0 | ENDLESS, error_fill=b" ", endless="" | "text" | "thinking" |
+"arguments")``; ``.endless_bytes_sent`` and ``.endless_ended`` follow an endless reply;
 see ``tests/fakes/base.py``.
 
 ``await drain(provider.stream(request))`` returns ``(events, error_or_None)``.

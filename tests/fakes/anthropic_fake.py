@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.fakes.base import FakeProvider, Reply, json_pieces
+from tests.fakes.base import ENDLESS_WORDS, FakeProvider, Reply, json_pieces
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
@@ -98,6 +98,17 @@ class FakeAnthropic(FakeProvider):
         if usage is not None:
             delta["usage"] = {"output_tokens": usage[1]}
         return head, [self._event(delta), self._event({"type": "message_stop"})]
+
+    def endless_start(self, kind: str) -> bytes:
+        block = {"arguments": {"type": "tool_use", "id": "toolu_endless", "name": "search", "input": {}},
+                 "thinking": {"type": "thinking", "thinking": ""}}.get(kind, {"type": "text", "text": ""})
+        return self._event({"type": "content_block_start", "index": 0, "content_block": block})
+
+    def endless_piece(self, kind: str) -> bytes:
+        delta = {"arguments": {"type": "input_json_delta", "partial_json": ENDLESS_WORDS},
+                 "thinking": {"type": "thinking_delta", "thinking": ENDLESS_WORDS}
+                 }.get(kind, {"type": "text_delta", "text": ENDLESS_WORDS})
+        return self._event({"type": "content_block_delta", "index": 0, "delta": delta})
 
     def error_body(self, reply: Reply) -> Any:
         kind = reply.error_type or _TYPES.get(reply.status, "api_error")

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from tests.support import run_server
 
 AUTO = "auto"
+ENDLESS_WORDS = "lorem ipsum dolor sit amet " * 38  # about 1 KiB of prose: one endless delta
 ENDLESS = 1 << 62  # an error_size no body reaches: the body never ends
 
 
@@ -49,6 +50,9 @@ class Reply:
     (an SSE comment, an empty NDJSON line) every that many seconds until the client goes away.
     ``error_size``: an error body padded with ``error_fill`` (whitespace by default) to that many
     bytes, made as it is sent (``fake.error_bytes_sent`` counts what left); ``ENDLESS`` never ends.
+    ``endless``: ``"text"``, ``"thinking"`` or ``"arguments"``: after the pieces, deltas of that kind
+    (tool-call argument fragments of one call; Ollama: whole calls, one a line) without end, until the
+    client goes (``fake.endless_bytes_sent`` counts what left, ``fake.endless_ended`` is set then).
     """
 
     text: Sequence[str] = ()
@@ -72,6 +76,7 @@ class Reply:
     keepalive: float = 0.0
     error_size: int = 0
     error_fill: bytes = b" "
+    endless: str = ""
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,8 @@ class FakeProvider:
         self.api_key: str | None = None
         self.default: Callable[[Any], Reply] | None = None
         self.error_bytes_sent = 0
+        self.endless_bytes_sent = 0
+        self.endless_ended = threading.Event()
         self.meta_flood: tuple[bytes, bytes, int] | None = None
         self.drip = 0.0  # > 0: floods go out one fill at a time, this many seconds apart
         self.counter: str | None = None  # the count endpoint this fake serves (None: every one 404s)
@@ -174,6 +181,8 @@ class FakeProvider:
         self.api_key = None
         self.default = None
         self.error_bytes_sent = 0
+        self.endless_bytes_sent = 0
+        self.endless_ended = threading.Event()
         self.meta_flood = None
         self.drip = 0.0
         self.counter = None
@@ -216,7 +225,7 @@ class FakeProvider:
                                  headers=dict(reply.headers))
 
     async def _body(self, head: list[bytes], tail: list[bytes], reply: Reply) -> AsyncIterator[bytes]:
-        ending = tail if reply.ending == "complete" else []
+        ending = tail if reply.ending == "complete" and not reply.endless else []
         if reply.stream_error is not None:
             ending = [self.stream_error_event(reply)]
         chunks = head + ending
@@ -231,11 +240,38 @@ class FakeProvider:
                 await asyncio.sleep(0.005)
         for piece in resplit(chunks, self.split, flush_each=False):
             yield piece
+        if reply.endless:
+            async for block in self._endless(reply.endless):
+                yield block
         if reply.ending == "drop" and reply.stream_error is None:
             raise _Dropped("scripted connection drop")
         while reply.keepalive:  # ends when the client goes away and uvicorn cancels this body
             await asyncio.sleep(reply.keepalive)
             yield self.keepalive_bytes()
+
+    async def _endless(self, kind: str) -> AsyncIterator[bytes]:
+        """Deltas of ``kind`` forever, 64 KiB at a time; ends only when the client goes (uvicorn then
+        cancels the body), which ``endless_ended`` tells the test."""
+        try:
+            start = self.endless_start(kind)
+            if start:
+                yield start
+            piece = self.endless_piece(kind)
+            block = piece * max(1, 65536 // len(piece))
+            while True:
+                self.endless_bytes_sent += len(block)
+                yield block
+                await asyncio.sleep(0)  # lets Starlette see the client go (see _padded)
+        finally:
+            self.endless_ended.set()
+
+    def endless_start(self, kind: str) -> bytes:
+        """What opens an endless run of ``kind`` (a tool call's first fragment, a content block)."""
+        return b""
+
+    def endless_piece(self, kind: str) -> bytes:
+        """One delta of ``kind``, as the dialect streams it."""
+        raise NotImplementedError
 
     def flood(self) -> Response:
         """The metadata answer ``meta_flood = (head, item, size)`` asks for: ``head`` then ``item``

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.fakes.base import FakeProvider, Reply, json_text
+from tests.fakes.base import ENDLESS_WORDS, FakeProvider, Reply, json_text
 
 
 def _now() -> str:
@@ -68,6 +68,14 @@ class FakeOllama(FakeProvider):
         if usage is not None:
             final.update(prompt_eval_count=usage[0], eval_count=usage[1])
         return head, [self._line(model, created, {}, **final)]
+
+    def endless_piece(self, kind: str) -> bytes:
+        """Ollama streams whole calls, so an endless run of arguments is one call after another."""
+        if kind == "arguments":
+            call = {"function": {"name": "search", "arguments": {"q": ENDLESS_WORDS}}}
+            return self._line("fake-endless", _now(), {"tool_calls": [call]})
+        return self._line("fake-endless", _now(), {"thinking" if kind == "thinking" else "content":
+                                                   ENDLESS_WORDS})
 
     def error_body(self, reply: Reply) -> Any:
         return {"error": reply.error}

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.fakes.base import FakeProvider, Reply, json_pieces
+from tests.fakes.base import ENDLESS_WORDS, FakeProvider, Reply, json_pieces
 
 
 def _not_found() -> Response:
@@ -136,6 +136,23 @@ class FakeOpenAI(FakeProvider):
                                    "total_tokens": usage[0] + usage[1]}))
         tail.append(self.sse("[DONE]"))
         return head, tail
+
+    def _delta(self, value: dict[str, Any]) -> bytes:
+        return self.sse({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0,
+                         "model": "fake-endless", "choices": [{"index": 0, "delta": value,
+                                                                "finish_reason": None}]})
+
+    def endless_start(self, kind: str) -> bytes:
+        if kind != "arguments":
+            return b""
+        opening = {"index": 0, "id": "call_endless", "type": "function",
+                   "function": {"name": "search", "arguments": '{"q": "'}}
+        return self._delta({"tool_calls": [opening]})
+
+    def endless_piece(self, kind: str) -> bytes:
+        if kind == "arguments":
+            return self._delta({"tool_calls": [{"index": 0, "function": {"arguments": ENDLESS_WORDS}}]})
+        return self._delta({self.reasoning_field if kind == "thinking" else "content": ENDLESS_WORDS})
 
     def error_body(self, reply: Reply) -> Any:
         kind = reply.error_type or _TYPES.get(reply.status, "invalid_request_error")
