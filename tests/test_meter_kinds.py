@@ -5,8 +5,7 @@ output from what people write; an ``Anchor`` learns a kind's ratio from a step t
 else. Through the server: a fake OpenAI provider (a real HTTP server) whose tokenizer prices JSON at
 twice prose's tokens per byte, and the real ``mcp-server-time`` whose results are JSON. The first
 JSON results on a route are priced blind; a second session on the route prices its first ones at
-the ratio the first session's counts taught; where the provider has a count endpoint, the tool
-loop's call after results of a never-counted kind is counted first, once per kind and route."""
+the ratio the first session's counts taught; a count endpoint never holds the tool loop's call."""
 
 from __future__ import annotations
 
@@ -155,25 +154,18 @@ def ends_in_results(body: Any) -> bool:
     return bool(messages) and messages[-1]["role"] == "tool"
 
 
-async def test_the_first_json_of_a_route_is_counted_where_the_provider_counts(
+async def test_a_count_endpoint_never_holds_the_tool_loops_call(
         tmp_path: Path, fake_openai: FakeProvider) -> None:
+    """Counts run between turns only: the call that carries tool results is never made to wait for a
+    count of them (the first JSON of a route is priced blind here too), and the results' kind is
+    learned from the call's own usage, so the next session's first results are priced by it."""
     fake_openai.default = answer
     fake_openai.counter = "vllm"
     with serve(settings(tmp_path, fake_openai)) as address:
-        async with client(address) as c:
-            await c.hello()
-            frames = await c.say("Which time is it? Tell me in words, in three cities of your choice.")
-        first_counts = len(fake_openai.count_requests)
-        async with client(address) as d:
-            await d.hello()
-            again = await d.say("Which time is it? Tell me in words, in three cities of your choice.")
-    sends = [f for f in of_type(frames, "context") if f["reason"] == "send"]
-    counted = [r.json for r in fake_openai.count_requests[:first_counts] if ends_in_results(r.json)]
-    assert len(counted) == 1  # before the call that carried the results, of exactly that request
-    assert counted[0]["messages"] == fake_openai.requests[1].json["messages"]
-    assert sends[1]["tokens_source"] == "provider_count"
-    assert sends[1]["estimated_tokens"] == fake_openai.count_of(
-        {"messages": counted[0]["messages"], "tools": counted[0].get("tools")})
-    # Once per kind and route: the next session's results are priced by what the count taught.
-    later = [r for r in fake_openai.count_requests[first_counts:] if ends_in_results(r.json)]
-    assert not later and of_type(again, "done")
+        first = await clock_session(address)
+        second = await clock_session(address)
+    assert not [r for r in fake_openai.count_requests if ends_in_results(r.json)]
+    bodies = [r.json for r in fake_openai.requests]
+    errors = [error(send, body) for send, body in zip(first + second, bodies, strict=True)]
+    assert first[1]["tokens_source"] == "estimate" and errors[1] > 0.03
+    assert max(errors[5], errors[7]) < 0.03  # the next session's JSON results, priced as learned

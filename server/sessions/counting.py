@@ -17,19 +17,11 @@ shared preamble) is counted in the background. Contract:
 - A count becomes the route's anchor (``Anchor(raw, count, source="provider_count")``, keeping the
   ratios learned) and a ``context`` frame (``reason: "count"``) whose ``tokens_source`` says
   ``provider_count``. The next send is then that count plus the new message's estimate.
-
-One count is on the hot path, on purpose: ``count_first_of_kind``, in a tool loop, before the call
-that carries tool results of a kind of content neither the session nor the route has had counted (a
-first JSON result in a prose conversation: nothing says what it costs). The call waits for it at
-most ``FIRST_OF_KIND_SECONDS``, then goes on with the estimate; the count teaches the kind's ratio
-(the count less the anchor past the reply, over the results' estimate), so it happens once per kind
-and route.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import anyio
@@ -37,7 +29,7 @@ import anyio
 from server.history.messages import estimate_history_tokens
 from server.history.trim import sweep_orphans
 from server.providers.base import ProviderRequest, TokenCount
-from server.routing.meter import content_kind, count_anchor, next_anchor
+from server.routing.meter import count_anchor
 from server.routing.resolver import Route
 from server.sessions.runtime import Runtime
 
@@ -47,7 +39,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COUNT_SECONDS = 10.0  # the whole count (a probe may make three calls, each bounded by 5 s)
-FIRST_OF_KIND_SECONDS = 1.0  # what a tool loop's next call waits at most for its count
 COUNTING_KINDS = ("openai", "anthropic")  # the dialects with count endpoints
 REASON = "count"
 
@@ -55,33 +46,6 @@ REASON = "count"
 def counts(rt: Runtime, route: Route) -> bool:
     profile = rt.settings.providers.get(route.provider)
     return profile is not None and profile.count_endpoint != "off" and profile.kind in COUNTING_KINDS
-
-
-async def count_first_of_kind(rt: Runtime, session: Session, route: Route, final: bool) -> bool:
-    """Count the tool loop's next request when what it adds is of a kind never counted on ``route``
-    (see the module's docstring); True when the count became the anchor."""
-    anchor = session.anchors.get(route.name)
-    if anchor is None or anchor.counted or not counts(rt, route):
-        return False  # no anchor past the reply: the count could not tell the results' cost apart
-    messages = sweep_orphans(session.to_send())
-    kind = content_kind(messages)
-    if kind is None or anchor.kind_ratio(kind) or rt.meter.kinds.get(route.name, kind):
-        return False
-    tools = rt.meter.tools(route, final)
-    counted: TokenCount | None = None
-    with anyio.move_on_after(FIRST_OF_KIND_SECONDS):
-        counted = await rt.providers[route.provider].count_tokens(
-            ProviderRequest(route.model, messages, tools, rt.options.max_output_tokens))
-    if counted is None:
-        return False
-    raw = (await rt.meter.read(route, estimate_history_tokens(messages, session.image_token_cost),
-                               tools)).estimate
-    moved = next_anchor(anchor, raw, counted.tokens, kind)
-    session.anchors[route.name] = replace(moved, source="provider_count")
-    learned = moved.kind_ratio(kind)
-    if learned is not None:
-        rt.meter.kinds.learn(route.name, kind, learned)
-    return True
 
 
 class Counts:

@@ -46,7 +46,6 @@ from server.routing.calibration import named_window, plausible
 from server.routing.meter import Reading, content_kind, message_kind, next_anchor, reply_tokens
 from server.routing.resolver import Route
 from server.sessions.compaction_runner import Compaction, NoCompaction
-from server.sessions.counting import count_first_of_kind
 from server.sessions.reply import ReplyWriter, Step
 from server.sessions.runtime import Runtime
 from server.sessions.session import Session, utc_now
@@ -257,7 +256,6 @@ class Turn:
             if not result.tool_calls or final:
                 return
             await self.run_tools(result.tool_calls)
-            await count_first_of_kind(self.rt, self.session, self.route, iteration == limit)
 
     async def prepare(self, final: bool) -> tuple[list[ChatMessage], Reading]:
         messages = without_old_tool_images(sweep_orphans(self.session.to_send()))
