@@ -34,7 +34,9 @@ T = TypeVar("T")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="meterchat", description="Start the meterchat server (the offline demo without --config).")
+        prog="meterchat", description="Start the meterchat server (the offline demo without --config).",
+        epilog="meterchat users --help: accounts ([auth] mode = \"accounts\"): add, list, passwd, "
+               "disable, enable, remove, usage.")
     parser.add_argument("--version", action="version", version=f"meterchat {installed_version()}")
     parser.add_argument("--config", help="TOML settings file (default: the embedded demo)")
     parser.add_argument("--host", help="interface to listen on (overrides [server] host)")
