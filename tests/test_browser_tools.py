@@ -71,7 +71,6 @@ def test_tool_call_shows_server_arguments_and_result_size(browser: Browser, tmp_
         schemas = received(page, "context")[-1]["tool_schema_tokens"]
         expect(page.get_by_test_id("breakdown-tool-schema-tokens")).to_have_text(
             f"{schemas:,} tokens (time {schemas:,})")
-        page.screenshot(path="/tmp/wt18-tool-call.png")
 
         page.reload()  # a reload draws the call, its server and its size again
         tool = page.locator("details.tool").first
@@ -110,7 +109,6 @@ def test_approval_asks_allows_once_and_survives_a_reload(browser: Browser, tmp_p
         asking = page.get_by_test_id("tool-approval")
         expect(asking).to_contain_text("Run time__get_current_time on time with these arguments?")
         expect(page.locator("details.tool").first.get_by_test_id("tool-args")).to_contain_text("Asia/Tokyo")
-        page.screenshot(path="/tmp/wt18-approval.png")
         page.get_by_test_id("tool-allow").click()
         expect(page.locator(".msg-row.assistant").last).to_contain_text("Evening in Tokyo.")
         expect(page.locator("details.tool").first).to_have_attribute("data-state", "done")
