@@ -50,12 +50,11 @@ from server.sessions.reply import ReplyWriter, Step
 from server.sessions.runtime import Runtime
 from server.sessions.session import Session, utc_now
 from server.sessions.tool_calls import ToolRound
+from server.sessions.usage import Totals, silently_truncated
 from server.store.base import CallRecord
 
 log = logging.getLogger(__name__)
 
-TRUNCATION_RATIO = 0.6  # a prompt count below 60% of the (calibrated) estimate means a cut
-TRUNCATION_MIN_TOKENS = 512
 FINAL_ANSWER_PROMPT = (
     "[Tool limit reached] Answer the user now from what you have; no more tool calls are possible."
 )
@@ -67,15 +66,6 @@ class CallResult:
     tool_calls: list[ToolCall] = field(default_factory=list)
     usage: Usage | None = None
     finish: str | None = None
-
-
-@dataclass
-class Totals:
-    input_tokens: int = 0
-    output_tokens: int = 0
-    last_input_tokens: int = 0
-    cost_usd: float | None = None
-    calls: int = 0  # provider calls whose usage the sums hold
 
 
 class Turn:
@@ -331,10 +321,12 @@ class Turn:
 
     async def account(self, usage: Usage, reading: Reading) -> None:
         calibration = self.rt.resolver.calibration
-        if self.silently_truncated(usage, reading):
+        expected = calibration.apply(self.route, reading.estimate)
+        kind = self.rt.settings.providers[self.route.provider].kind
+        if silently_truncated(kind, expected, usage.input_tokens):
             self.emit("notice", code="provider_truncated", turn_id=self.turn_id, message=(
                 f"{self.route.name} read only {usage.input_tokens:,} prompt tokens where about "
-                f"{calibration.apply(self.route, reading.estimate):,} were sent: it "
+                f"{expected:,} were sent: it "
                 f"probably cut the start of the conversation to fit its context (num_ctx). Set num_ctx "
                 f"or context_window for this provider so meterchat trims whole turns instead."))
         elif usage.input_tokens > 0:  # a truncated count says nothing about the tokenizer: kept out
@@ -342,29 +334,12 @@ class Turn:
             self.anchor(reading.estimate, usage.input_tokens, reading.kind)
             self.reply_count = reply_tokens(usage, thinking=self.writer.thought)
         cost = self.rt.resolver.cost(self.route, usage.input_tokens, usage.output_tokens)
-        self.add_to_totals(usage, cost)
+        self.totals.add(usage, cost)
         call = CallRecord(self.turn_id, self.route.provider, self.route.model, self.route.kind,
                           usage.input_tokens, usage.output_tokens, "provider", cost)
         self.session.calls.append(call)  # a reload shows the turn's route, usage and cost from these
         await self.rt.store.record_call(self.session.id, call)
         await self.emit_meter("usage", reading, reported=usage.input_tokens)
-
-    def add_to_totals(self, usage: Usage, cost: float | None) -> None:
-        totals = self.totals
-        totals.input_tokens += usage.input_tokens
-        totals.output_tokens += usage.output_tokens
-        totals.last_input_tokens = usage.input_tokens
-        totals.calls += 1
-        if cost is not None:
-            totals.cost_usd = (totals.cost_usd or 0.0) + cost
-
-    def silently_truncated(self, usage: Usage, reading: Reading) -> bool:
-        """Ollama answers an over-long prompt with HTTP 200 after dropping its start; the only
-        trace is a prompt count far below what was sent."""
-        if self.rt.settings.providers[self.route.provider].kind != "ollama":
-            return False
-        expected = self.rt.resolver.calibration.apply(self.route, reading.estimate)
-        return expected >= TRUNCATION_MIN_TOKENS and usage.input_tokens < expected * TRUNCATION_RATIO
 
     # --- the reply message --------------------------------------------------------------------
 
