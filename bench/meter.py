@@ -16,7 +16,7 @@ Printed per scenario: the error's median and worst case from the second turn on 
 the first turn, before any count), and the sends the provider refused for length although the meter
 had shown them as fitting (window known; and window unknown, where "fitting" means within the
 trimming budget). ``--verbose`` prints every call. The tools (``lookup_document``, a long prose
-document, and ``query_records``, a JSON result) come from ``bench/meter_tools.py``, a real MCP server
+document, and ``query_records``, a JSON result) come from ``bench/loadkit/meter_tools.py``, a real MCP server
 the server starts over stdio: a provider other than the demo is offered tools only through MCP.
 """
 
@@ -44,7 +44,7 @@ from tests.support import client, serve, settings_for  # noqa: E402
 
 WINDOWS = {"big": 32768, "small": 4096, "open": 8192}  # what the fake enforces
 TOOL = "bench__"  # the model-facing prefix of the bench's MCP server's tools
-TOOLS_SERVER = {"command": sys.executable, "args": [str(ROOT / "bench" / "meter_tools.py")]}
+TOOLS_SERVER = {"command": sys.executable, "args": [str(ROOT / "bench" / "loadkit" / "meter_tools.py")]}
 PNG = {"media_type": "image/png", "data": "iVBORw0KGgo="}
 WORDS = ("meter context window budget token estimate provider reply history trim route model "
          "anchor calibration session breadcrumb summary image schema tool result").split()

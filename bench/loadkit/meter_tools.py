@@ -3,7 +3,7 @@
 returns one). Since tools reach non-demo providers only through MCP servers, the bench starts this
 one as ``[mcp_servers.bench]``.
 
-    python bench/meter_tools.py      (meterchat starts it; it speaks MCP on stdin/stdout)
+    python bench/loadkit/meter_tools.py      (meterchat starts it; it speaks MCP on stdin/stdout)
 """
 
 from __future__ import annotations
