@@ -166,3 +166,22 @@ async def test_repeated_call_ids_are_made_unique_so_no_result_is_lost(tmp_path, 
     calls = [call["id"] for m in last if m["role"] == "assistant" for call in m.get("tool_calls") or ()]
     results = [m["tool_call_id"] for m in last if m["role"] == "tool"]
     assert len(set(calls)) == 3 and results == calls
+
+
+async def test_the_offline_demo_calls_an_mcp_tool_its_message_names(tmp_path):
+    """The README's three lines on the embedded demo: "what time is it in Tokyo?" calls the time
+    server with the zone the message names, and the demo quotes the result back."""
+    settings = settings_for(tmp_path, {"mcp_servers": {"time": time_server()}})
+    with serve(settings) as address:
+        async with client(address) as c:
+            await c.hello()
+            frames = await c.say("what time is it in Tokyo?")
+            lookup = await c.say("please look up the paper moon")
+            plain = await c.say("hello there")
+    calls, results = of_type(frames, "tool_call"), of_type(frames, "tool_result")
+    assert [(f["name"], f["server"], f["args"]) for f in calls] == [
+        ("time__get_current_time", "time", {"timezone": "Asia/Tokyo"})]
+    assert json.loads(results[0]["output"])["timezone"] == "Asia/Tokyo" and not results[0]["is_error"]
+    assert frames[-1]["type"] == "done" and "Asia/Tokyo" in frames[-1]["full_response"]
+    assert [f["name"] for f in of_type(lookup, "tool_call")] == ["lookup_document"]  # its own, still
+    assert not of_type(plain, "tool_call") and plain[-1]["type"] == "done"

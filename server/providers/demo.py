@@ -6,8 +6,9 @@ network dialects. Models: ``demo-small`` (a 4,096-token window, so trims show wi
 It counts tokens with its own rule (ceil(UTF-8 bytes / 4.4) + 3 per message), reports usage like a
 real provider, and answers a prompt over its window with a context-overflow error.
 Behaviour: ``echo <text>`` replies with exactly <text>; asking to look up / find / read a document
-calls the ``lookup_document`` tool when tools are offered; after a tool result it summarises the
-document; otherwise it explains what it sees of the conversation and its context.
+calls the ``lookup_document`` tool when it is offered; a message that names another offered tool
+(an MCP server's) calls that one (``demo_tools``); after a tool result it summarises the document or
+quotes the result; otherwise it explains what it sees of the conversation and its context.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncGenerator, Sequence
+from typing import Any
 
 import anyio
 
@@ -32,6 +34,7 @@ from server.providers.base import (
     Usage,
     WindowInfo,
 )
+from server.providers.demo_tools import OWN_TOOL, arguments, pick_tool, quote_result
 from server.tools.demo import known_titles
 
 DEMO_WINDOWS = {"demo-small": 4096, "demo-open": 16384}
@@ -98,12 +101,16 @@ class DemoProvider:
         text = last.content
         if last.role == "user" and text.startswith("echo "):
             reply = text[5:]
-        elif last.role == "user" and request.tools and _LOOKUP.search(text):
+        elif last.role == "user" and any(t.name == OWN_TOOL for t in request.tools) and _LOOKUP.search(text):
             async for event in self._call_tool(request, text, prompt):
                 yield event
             return
+        elif last.role == "user" and (tool := pick_tool(text, request.tools)) is not None:
+            async for event in self._call(tool.name, arguments(tool, text), prompt, request.model):
+                yield event
+            return
         elif last.role == "tool":
-            reply = _summarise_document(last)
+            reply = _summarise_document(last) if last.name in (OWN_TOOL, None) else quote_result(last)
         else:
             yield ThinkingDelta(f"Counting {len(messages)} messages against my window.")
             reply = _describe(request.model, messages, prompt)
@@ -117,10 +124,15 @@ class DemoProvider:
                          ) -> AsyncGenerator[StreamEvent, None]:
         title = _guess_title(text)
         yield ThinkingDelta(f"The user wants a document; calling lookup_document for {title!r}.")
+        async for event in self._call(OWN_TOOL, {"title": title}, prompt, request.model):
+            yield event
+
+    async def _call(self, name: str, args: dict[str, Any], prompt: int, model: str
+                    ) -> AsyncGenerator[StreamEvent, None]:
         await self._pause()
-        yield ToolCallEvent(f"demo_call_{self._calls}", "lookup_document", {"title": title})
+        yield ToolCallEvent(f"demo_call_{self._calls}", name, args)
         yield Usage(prompt, 12)
-        yield Finish("tool_calls", model=request.model)
+        yield Finish("tool_calls", model=model)
 
     async def _pause(self) -> None:
         # Even with no delay, yield between pieces as a network stream does: a whole reply in one
