@@ -37,13 +37,30 @@ class _Beyond(Exception):
     """Raised inside llhttp's callback to stop at the end of the expected response."""
 
 
-class ResponseReader(asyncio.Protocol):
+class WriteFlow(asyncio.Protocol):
+    """asyncio's write flow control for one connection: ``drained`` is a future while the
+    transport's buffer is full, resolved once it empties or the connection is lost."""
+
+    drained: asyncio.Future[None] | None = None
+
+    def pause_writing(self) -> None:
+        self.drained = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        self.release_writer()
+        self.drained = None
+
+    def release_writer(self) -> None:
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
+
+
+class ResponseReader(WriteFlow):
     """One connection's bytes in, one response at a time out (see the module docstring)."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future[None] | None = None
-        self.drained: asyncio.Future[None] | None = None  # set while our writes are paused
         self.eof = False
         self.stale = False  # bytes came while no response was expected
         self.failure: Exception | None = None
@@ -107,16 +124,7 @@ class ResponseReader(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._ended(exc)
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
-
-    def pause_writing(self) -> None:
-        self.drained = asyncio.get_running_loop().create_future()
-
-    def resume_writing(self) -> None:
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
-        self.drained = None
+        self.release_writer()
 
     # llhttp's callbacks (called from feed_data)
 

@@ -31,11 +31,12 @@ import httpcore
 import httpx
 
 from server.providers.h1 import FastPool
+from server.providers.h1_parse import WriteFlow
 
 HIGH_WATER = 256 * 1024  # bytes buffered before the socket stops being read (flow control)
 
 
-class _Protocol(asyncio.Protocol):
+class _Protocol(WriteFlow):
     """What the socket delivered and not yet read, and the one read waiting for more."""
 
     def __init__(self) -> None:
@@ -44,7 +45,6 @@ class _Protocol(asyncio.Protocol):
         self.eof = False
         self.error: Exception | None = None
         self.waiter: asyncio.Future[None] | None = None
-        self.drained: asyncio.Future[None] | None = None  # set while the transport's buffer is full
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -66,16 +66,7 @@ class _Protocol(asyncio.Protocol):
         self.eof = True
         self.error = exc
         self._wake()
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
-
-    def pause_writing(self) -> None:
-        self.drained = asyncio.get_running_loop().create_future()
-
-    def resume_writing(self) -> None:
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
-        self.drained = None
+        self.release_writer()
 
     def _wake(self) -> None:
         if self.waiter is not None and not self.waiter.done():
