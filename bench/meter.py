@@ -3,9 +3,12 @@
     python bench/meter.py [--quick] [--verbose]
 
 A real meterchat server (in a thread) talks to the fake OpenAI provider (``tests/fakes``, a real
-HTTP server on 127.0.0.1) whose tokenizer is nothing like meterchat's estimate: 1.3 tokens a word,
-punctuation mark or CJK character, 3 a message, 765 an image, tool schemas at 3.8 bytes a token. Its
-``completion_tokens`` is its own count of the reply (as a provider's is). The fake enforces a window
+HTTP server on 127.0.0.1) whose tokenizer is nothing like meterchat's estimate (UTF-8 bytes / 4),
+and is run once with each of two: ``bpe``, a real BPE vocabulary (Claude's former tokenizer,
+``tests/fakes/bpe.py``), and ``synthetic``, 1.3 tokens a run of letters and digits, a punctuation
+mark or a CJK character (a rule unlike real vocabularies in two ways: ``w1`` is one token, ``":`` two).
+Either way 3 a message, 765 an image, tool schemas at 3.8 bytes a token. Its ``completion_tokens``
+is its own count of the reply (as a provider's is). The fake enforces a window
 per model and refuses a longer prompt with OpenAI's overflow error, which names the window.
 Scripted conversations (short chat, long replies, tool loops with long results, images, a switch to
 a smaller model, a model whose window is not published, and mixed densities: code replies to prose
@@ -39,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.fakes.base import Call, Reply, running  # noqa: E402
+from tests.fakes.bpe import bpe_tokens  # noqa: E402
 from tests.fakes.openai_fake import FakeOpenAI  # noqa: E402
 from tests.support import client, serve, settings_for  # noqa: E402
 
@@ -54,8 +58,16 @@ _CJK_RANGES = "\u3000-\u9fff\uac00-\ud7af"
 _TOKENS = re.compile(rf"[{_CJK_RANGES}]|[^\W{_CJK_RANGES}]+|[^\w\s]")
 
 
-def fake_tokens(text: str) -> int:
+def synthetic_tokens(text: str) -> int:
     return math.ceil(1.3 * len(_TOKENS.findall(text)))
+
+
+TOKENIZERS = {"bpe": bpe_tokens, "synthetic": synthetic_tokens}
+_tokenizer = [bpe_tokens]  # the one the fake counts with now
+
+
+def fake_tokens(text: str) -> int:
+    return _tokenizer[0](text)
 
 
 def fake_count(body: dict[str, Any]) -> int:
@@ -232,7 +244,7 @@ def summary(name: str, result: Result) -> str:
             f"{fitting_known} | {fitting_unknown} | {result.refused} |")
 
 
-async def run(turns: int, verbose: bool) -> None:
+async def run(turns: int, verbose: bool, tokenizers: list[str]) -> None:
     fake = Fake()
     with running(FakeOpenAI(), "/v1") as provider, running(CountingFake(), "/v1") as counting, \
             tempfile.TemporaryDirectory() as tmp:
@@ -242,25 +254,36 @@ async def run(turns: int, verbose: bool) -> None:
         data = {"providers": {"p": {**profile, "base_url": provider.base_url},
                               "c": {**profile, "base_url": counting.base_url}},
                 "mcp_servers": {"bench": TOOLS_SERVER}}
-        with serve(settings_for(Path(tmp), data)) as address:
-            print("| scenario | calls | worst (turn 1) | median error (turn 2+) | worst (turn 2+) | "
-                  "overflows | overflowed, shown fitting (window known) | same, window unknown | refused |")
-            print("|---|---|---|---|---|---|---|---|---|")
-            for name, (route, steps) in scenarios(turns).items():
-                result = await replay(address, fake, route, steps)
-                print(summary(name, result))
-                if verbose:
-                    for s in result.sends:
-                        print(f"    turn {s.turn}: meter {s.figure:,} provider {s.count:,} "
-                              f"({(s.figure - s.count) / s.count:+.1%}){' overflow' if s.overflowed else ''}")
+        for tokenizer in tokenizers:
+            _tokenizer[0] = TOKENIZERS[tokenizer]
+            # A fresh server per tokenizer: what a route learned under one says nothing of the other.
+            with serve(settings_for(Path(tmp) / tokenizer, data)) as address:
+                print(f"\ntokenizer: {tokenizer}\n")
+                await table(address, fake, turns, verbose)
+
+
+async def table(address: str, fake: Fake, turns: int, verbose: bool) -> None:
+    print("| scenario | calls | worst (turn 1) | median error (turn 2+) | worst (turn 2+) | "
+          "overflows | overflowed, shown fitting (window known) | same, window unknown | refused |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, (route, steps) in scenarios(turns).items():
+        result = await replay(address, fake, route, steps)
+        print(summary(name, result))
+        if verbose:
+            for s in result.sends:
+                print(f"    turn {s.turn}: meter {s.figure:,} provider {s.count:,} "
+                      f"({(s.figure - s.count) / s.count:+.1%}){' overflow' if s.overflowed else ''}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few turns per scenario (about a second)")
     parser.add_argument("--verbose", action="store_true", help="every call's figure and count")
+    parser.add_argument("--tokenizer", choices=[*TOKENIZERS, "both"], default="both",
+                        help="the fake provider's tokenizer (default: a table for each)")
     args = parser.parse_args()
-    anyio.run(run, 4 if args.quick else 12, args.verbose)
+    chosen = list(TOKENIZERS) if args.tokenizer == "both" else [args.tokenizer]
+    anyio.run(run, 4 if args.quick else 12, args.verbose, chosen)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,15 @@ tool schemas; ``server.history.messages``'s bytes/4 heuristic) and turns it into
   so the anchor moves past it (``Anchor.with_reply``) and only what was added after the reply (the
   next message, tool results) is estimated. One ratio cannot price code replies and prose questions
   alike; a reply counted by its writer needs no ratio.
-  What is added after the reply is priced by its kind of content (``content_kind``: prose, JSON,
-  dense text such as code, CJK script, images): one conversation's prose question and a tool's
+  What is added after the reply is priced by its kind of content (``routing.content``: prose,
+  JSON, dense text such as code, CJK script, images): one conversation's prose question and a tool's
   JSON result cost very different tokens per byte. Each step between two counts teaches the ratio of
   the kind that made it (the difference of the counts, the reply's own count taken off, over the
   step's estimate), on the session's anchor and for the route (``KindRatios``), so a kind counted
   once, in any session on the route, is priced at its own ratio from then on. A kind never counted
-  on the route is priced at the session's marginal ratio, as before.
+  on the route is priced by its pieces: the tokens a piece cost in the last counted reply times the
+  pieces per raw token the new content holds (``content.piece_density``); with no counted reply
+  yet, or images, at the session's marginal ratio.
 - otherwise: ``ceil(ratio * raw)`` with the route's calibration ratio (1.0 until a report).
 
 The reply reserve (``runtime.reply_reserve_tokens``) is added on top: a request must leave that much
@@ -37,9 +39,10 @@ from typing import Any
 
 from server.config.settings import ProviderProfile
 from server.history.ledger import HistoryLedger
-from server.history.messages import MESSAGE_OVERHEAD_TOKENS, TOOL_RESULTS_PREFIX, ChatMessage
+from server.history.messages import DEFAULT_IMAGE_TOKEN_COST, MESSAGE_OVERHEAD_TOKENS, ChatMessage
 from server.protocol import server_frame
 from server.providers.base import ToolSpec, Usage
+from server.routing.content import added, kind_of, piece_density
 from server.routing.resolver import Capacity, Route, RouteResolver
 from server.tools.toolbox import Toolbox
 
@@ -62,55 +65,7 @@ def tokens_by_server(toolbox: Toolbox, tools: Sequence[ToolSpec]) -> tuple[tuple
 
 MIN_MARGINAL_RAW = 32  # a smaller step between two counts says too little about the ratio
 RATIO_MIN, RATIO_MAX = 0.25, 4.0
-KIND_SAMPLE_CHARS = 4096  # a message's kind is read from its first characters: the cost stays flat
-CJK_SHARE = 0.3  # of a text's characters: CJK script (a token a character or more, 3 UTF-8 bytes)
-DENSE_SHARE = 0.2  # of its non-space characters, neither letters nor CJK: JSON, code, tables, numbers
-
-
-def _is_cjk(char: str) -> bool:
-    return "\u3000" <= char <= "\u9fff" or "\uac00" <= char <= "\ud7af" or "\uff00" <= char <= "\uffef"
-
-
-def text_kind(text: str) -> str:
-    """``json`` (a JSON object or array: quotes, braces and keys), ``cjk``, ``dense`` (punctuation,
-    digits, symbols: code, tables) or ``prose``: kinds of text a tokenizer prices differently per
-    byte, told apart by their characters, not by their meaning."""
-    sample = text[:KIND_SAMPLE_CHARS]
-    head, tail = sample.lstrip()[:1], text.rstrip()[-1:]
-    if (head, tail) in (("{", "}"), ("[", "]")):
-        return "json"
-    visible = [c for c in sample if not c.isspace()]
-    if not visible:
-        return "prose"
-    cjk = sum(1 for c in visible if _is_cjk(c))
-    if cjk >= CJK_SHARE * len(visible):
-        return "cjk"
-    symbols = sum(1 for c in visible if not c.isalpha())
-    return "dense" if symbols >= DENSE_SHARE * len(visible) else "prose"
-
-
-def message_kind(message: ChatMessage) -> str:
-    """``origin/kind``: a tool's output (``tool/``) is kept apart from what people write
-    (``message/``: questions and replies), whose densities differ even in one script: a document a
-    tool returns is not the chat about it."""
-    origin = "tool" if message.role == "tool" or message.content.startswith(TOOL_RESULTS_PREFIX) \
-        else "message"
-    return f"{origin}/{'image' if message.images else text_kind(message.content)}"
-
-
-def content_kind(messages: Sequence[ChatMessage]) -> str | None:
-    """The kind of what follows the last reply in ``messages`` (the new message, tool results): the
-    part of a request the provider has not counted yet. None when nothing follows it. The kind
-    holding most of the added bytes wins (a message with images counts as large)."""
-    sizes: dict[str, int] = {}
-    for message in reversed(messages):
-        if message.role == "assistant":
-            break
-        if message.left_out is not None:
-            continue
-        kind = message_kind(message)
-        sizes[kind] = sizes.get(kind, 0) + len(message.content) + (1 << 20 if message.images else 0)
-    return max(sizes, key=lambda k: sizes[k]) if sizes else None
+PER_PIECE = "per piece"  # the ``KindRatios`` entry of a route's tokens per piece (``content``)
 
 
 class KindRatios:
@@ -144,6 +99,7 @@ class Anchor:
     base: float | None = None
     source: str = "provider"  # the meter's tokens_source while nothing was added since the count
     kinds: tuple[tuple[str, float], ...] = ()  # the marginal ratio of each kind of content learned
+    per_piece: float | None = None  # tokens per piece (``content.piece_density``) of the last counted reply
 
     @property
     def step(self) -> float | None:
@@ -153,18 +109,21 @@ class Anchor:
     def kind_ratio(self, kind: str | None) -> float | None:
         return dict(self.kinds).get(kind) if kind else None
 
-    def with_reply(self, raw: int, tokens: int, kind: str | None = None) -> Anchor:
+    def with_reply(self, raw: int, tokens: int, kind: str | None = None,
+                   density: float | None = None) -> Anchor:
         """The anchor moved past a reply estimated at ``raw`` that the provider counted ``tokens``
         (its per-message overhead, which no output count holds, priced at the marginal ratio). A
-        reply of ``kind`` teaches that kind's ratio too: a code reply prices the JSON after it."""
+        reply of ``kind`` teaches that kind's ratio too, and, with its pieces per raw token
+        (``density``), the tokens a piece costs: what prices a kind never counted yet."""
         overhead = math.ceil((self.step or 1.0) * MESSAGE_OVERHEAD_TOKENS)
         text = raw - MESSAGE_OVERHEAD_TOKENS  # the reply's text and tool calls: what ``tokens`` counts
         if text < MIN_MARGINAL_RAW:
             return Anchor(self.raw + raw, self.reported + tokens + overhead, self.ratio, False, self.base,
-                          kinds=self.kinds)
+                          kinds=self.kinds, per_piece=self.per_piece)
         base = min(RATIO_MAX, max(RATIO_MIN, tokens / text))
+        per_piece = tokens / (density * text) if density else self.per_piece
         return Anchor(self.raw + raw, self.reported + tokens + overhead, self.ratio, False, base,
-                      kinds=self.with_kind(kind, base))
+                      kinds=self.with_kind(kind, base), per_piece=per_piece)
 
     def with_kind(self, kind: str | None, ratio: float) -> tuple[tuple[str, float], ...]:
         """``kinds`` with ``kind`` at ``ratio``: the newest sample of a kind replaces the older (a
@@ -180,12 +139,13 @@ class Anchor:
         a count endpoint after it (a reply without a count would be in the step too)."""
         step = raw - self.raw
         if step < MIN_MARGINAL_RAW:
-            return Anchor(raw, reported, self.ratio, base=self.base, kinds=self.kinds)
+            return Anchor(raw, reported, self.ratio, base=self.base, kinds=self.kinds,
+                          per_piece=self.per_piece)
         sample = min(RATIO_MAX, max(RATIO_MIN, (reported - self.reported) / step))
         ratio = sample if self.ratio is None else (sample + self.ratio) / 2
         alone = not self.counted or self.source == "provider_count"  # no uncounted reply in the step
         kinds = self.with_kind(kind if alone else None, sample)
-        return Anchor(raw, reported, ratio, base=self.base, kinds=kinds)
+        return Anchor(raw, reported, ratio, base=self.base, kinds=kinds, per_piece=self.per_piece)
 
 
 def next_anchor(previous: Anchor | None, raw: int, reported: int, kind: str | None = None) -> Anchor:
@@ -199,8 +159,10 @@ def count_anchor(previous: Anchor | None, raw: int, tokens: int) -> Anchor:
     this session learned are kept (the count says nothing about the price of what comes next)."""
     fresh = next_anchor(None, raw, tokens)
     base = previous.base if previous is not None and previous.base else fresh.base
-    return Anchor(raw, tokens, previous.ratio if previous else None, base=base, source="provider_count",
-                  kinds=previous.kinds if previous is not None else ())
+    if previous is None:
+        return Anchor(raw, tokens, base=base, source="provider_count")
+    return Anchor(raw, tokens, previous.ratio, base=base, source="provider_count", kinds=previous.kinds,
+                  per_piece=previous.per_piece)
 
 
 def reply_tokens(usage: Usage, thinking: bool) -> int | None:
@@ -226,15 +188,18 @@ class Reading:
     tool_servers: tuple[tuple[str, int], ...] = ()  # ``tools`` per server offering them
     kind: str | None = None  # the kind of content added since the last reply (``content_kind``)
     route_kind_ratio: float | None = None  # that kind's ratio as the route learned it
+    piece_ratio: float | None = None  # a kind never counted: tokens per piece x its pieces per raw token
 
     @property
     def step_ratio(self) -> float:
         """What a raw token added to (or dropped from) the anchored request counts: the ratio of
-        the added content's kind (the session's, else the route's), else the session's step."""
+        the added content's kind (the session's, else the route's), else its price by its pieces,
+        else the session's step."""
         anchor = self.anchor
         if anchor is None:
             return self.ratio
-        return anchor.kind_ratio(self.kind) or self.route_kind_ratio or anchor.step or self.ratio
+        return (anchor.kind_ratio(self.kind) or self.route_kind_ratio or self.piece_ratio or anchor.step
+                or self.ratio)
 
     def count(self, raw: int) -> int:
         """The route's count for a request whose raw estimate (tools included) is ``raw``."""
@@ -287,8 +252,10 @@ class Reading:
 
 class Meter:
     def __init__(self, resolver: RouteResolver, providers: Mapping[str, ProviderProfile],
-                 reserve: int = 0, toolbox: Toolbox | None = None) -> None:
+                 reserve: int = 0, toolbox: Toolbox | None = None,
+                 image_cost: int = DEFAULT_IMAGE_TOKEN_COST) -> None:
         self.resolver = resolver
+        self.image_cost = image_cost
         self._providers = providers
         self.reserve = max(0, reserve)
         self.toolbox = toolbox or Toolbox({}, 0)
@@ -300,14 +267,37 @@ class Meter:
         return [] if final else self.toolbox.specs(self._providers[route.provider])
 
     async def read(self, route: Route, estimate: int, tools: Sequence[ToolSpec],
-                   anchor: Anchor | None = None, kind: str | None = None) -> Reading:
-        """Capacity and budget of ``route`` with the estimate of what would be sent to it; ``kind``
-        is the kind of content added since the last reply (``content_kind``)."""
+                   anchor: Anchor | None = None, messages: Sequence[ChatMessage] = ()) -> Reading:
+        """Capacity and budget of ``route`` with the estimate of what would be sent to it (the
+        messages after the last reply in ``messages`` are what the anchor has not counted)."""
         capacity = await self.resolver.capacity(route)
         schemas, servers = self.toolbox.memo(tools, self.schema_sizes)
+        new = added(messages)
+        kind = kind_of(new)
+        route_ratio = self.kinds.get(route.name, kind)
+        calibration = self.resolver.calibration.ratio(route)
+        pieces = None
+        if anchor is not None and anchor.kind_ratio(kind) is None and route_ratio is None:
+            pieces = self.piece_ratio(route.name, anchor, new, calibration)
         return Reading(route, capacity, self.resolver.budget(capacity), estimate + schemas, schemas,
-                       self.resolver.calibration.ratio(route), anchor, self.reserve, servers, kind,
-                       self.kinds.get(route.name, kind))
+                       calibration, anchor, self.reserve, servers, kind, route_ratio, pieces)
+
+    def piece_ratio(self, route: str, anchor: Anchor, new: Sequence[ChatMessage],
+                    calibration: float) -> float | None:
+        """The price of content of a kind never counted on ``route``: its text at the tokens a piece
+        cost in the session's last counted reply (else on the route) times the pieces per raw token
+        it holds; its images (a configured guess, ``image_token_cost``, no text) at the route's
+        whole-request ratio of count to estimate, the only scale learned with images in it."""
+        per_piece = anchor.per_piece or self.kinds.get(route, PER_PIECE)
+        if per_piece is None:
+            return None
+        text = sum(message.text_tokens for message in new)
+        images = self.image_cost * sum(len(message.images or ()) for message in new)
+        density = piece_density([message.content for message in new])
+        if density is None and not images:
+            return None
+        price = per_piece * density if density is not None else anchor.step or 1.0
+        return min(RATIO_MAX, max(RATIO_MIN, (text * price + images * calibration) / (text + images)))
 
     def schema_sizes(self, tools: Sequence[ToolSpec]) -> tuple[int, tuple[tuple[str, int], ...]]:
         return tool_schema_tokens(tools), tokens_by_server(self.toolbox, tools)

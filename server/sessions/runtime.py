@@ -37,7 +37,7 @@ class Runtime:
 
     def __post_init__(self) -> None:
         self.meter = Meter(self.resolver, self.settings.providers, self.options.reply_reserve_tokens,
-                           self.toolbox)
+                           self.toolbox, self.options.image_token_cost)
         self.resolver.remember_windows(self.store)
         self.flusher = Flusher(self.store, self.task_group)
 

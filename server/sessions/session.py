@@ -32,7 +32,7 @@ from server.history.messages import (
 )
 from server.history.trim import TrimReport, sweep_orphans
 from server.protocol import server_frame
-from server.routing.meter import Anchor, Meter, Reading, content_kind
+from server.routing.meter import Anchor, Meter, Reading
 from server.routing.resolver import Route
 from server.sessions.approvals import Approvals
 from server.sessions.channel import Frame, FrameChannel
@@ -304,7 +304,7 @@ class Session:
     async def read_meter(self, route: Route, final: bool = False) -> Reading:
         """The reading of what the session would send to ``route`` now, anchored on its last count."""
         return await self.meter.read(route, self.ledger.estimate, self.meter.tools(route, final),
-                                     self.anchors.get(route.name), content_kind(self.ledger.tail()))
+                                     self.anchors.get(route.name), self.ledger.tail())
 
     async def emit_meter(self, route: Route, reason: str, reading: Reading | None = None,
                          reported: int | None = None) -> Reading:

@@ -43,7 +43,8 @@ from server.providers.base import (
     Usage,
 )
 from server.routing.calibration import named_window, plausible
-from server.routing.meter import Reading, content_kind, message_kind, next_anchor, reply_tokens
+from server.routing.content import message_density, message_kind
+from server.routing.meter import PER_PIECE, Reading, next_anchor, reply_tokens
 from server.routing.resolver import Route
 from server.sessions.compaction_runner import Compaction, NoCompaction
 from server.sessions.reply import ReplyWriter, Step
@@ -253,7 +254,7 @@ class Turn:
             messages.append(ChatMessage("user", FINAL_ANSWER_PROMPT, turn_id=self.turn_id))
         estimate = estimate_history_tokens(messages, self.options.image_token_cost)
         reading = await self.rt.meter.read(self.route, estimate, self.tools(final),
-                                           self.session.anchors.get(self.route.name), content_kind(messages))
+                                           self.session.anchors.get(self.route.name), messages)
         over = reading.over_capacity()
         if over:
             raise CapacityExceeded(
@@ -363,10 +364,14 @@ class Turn:
         if message is None or count is None or anchor is None or not anchor.counted:
             return
         kind = None if message.tool_calls else message_kind(message)  # a call's JSON is too short
-        moved = self.session.anchors[self.route.name] = anchor.with_reply(message.text_tokens, count, kind)
+        density = None if message.tool_calls else message_density(message)
+        moved = self.session.anchors[self.route.name] = anchor.with_reply(message.text_tokens, count, kind,
+                                                                          density)
         learned = moved.kind_ratio(kind)
         if kind is not None and learned is not None:
             self.rt.meter.kinds.learn(self.route.name, kind, learned)
+        if moved.per_piece is not None and density is not None:
+            self.rt.meter.kinds.learn(self.route.name, PER_PIECE, moved.per_piece)
 
     async def run_tools(self, calls: list[ToolCall]) -> None:
         await self.finish_reply(interrupted=False, tool_calls=calls)  # a reply asking for tools is complete

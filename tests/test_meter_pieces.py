@@ -1,0 +1,132 @@
+"""A kind of content never counted on a route is priced by its pieces (``server/routing/content.py``).
+
+Against a real BPE vocabulary (``tests/fakes/bpe.py``): tokens per piece stays near one across prose,
+code, JSON, CSV, logs and CJK where tokens per byte varies fourfold. Units: a reading prices an
+uncounted kind at the last counted reply's tokens per piece times the new content's pieces, and its
+images at the route's whole-request ratio. Through the server: a fake OpenAI provider (a real HTTP
+server) counting with the BPE vocabulary answers in code, then asks the real ``mcp-server-time`` for
+three clocks; the call carrying the first JSON results of the route is within 3 % of its count."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server.history.messages import ChatMessage, Image
+from server.routing.content import piece_density
+from server.routing.meter import Anchor, Meter, Reading
+from server.routing.resolver import Capacity, Route, RouteResolver
+from tests.fakes import Call, FakeProvider, Reply
+from tests.fakes.bpe import bpe_tokens
+from tests.mcp_support import time_server
+from tests.support import client, of_type, serve, settings_for
+
+pytestmark = pytest.mark.anyio
+
+CODE = "\n".join(f"def step_{n}(values: list[int]) -> int:\n    total = sum(v * {n} for v in values)\n"
+                 f"    return total % {n + 7}  # the {n}th step\n" for n in range(12))
+PROSE = ("The meter shows how full the next request is before it is sent, and the user sees what a "
+         "trim would leave out. ") * 8
+SAMPLES = {
+    "prose": PROSE,
+    "code": CODE,
+    "json": json.dumps([{"id": n, "name": f"record-{n}", "score": round(n / 7, 3), "active": n % 2 == 0}
+                        for n in range(30)]),
+    "json, indented": json.dumps({"rows": [{"id": n, "tags": ["a", "b"]} for n in range(12)]}, indent=2),
+    "csv": "\n".join(f"{n},record-{n},{n / 7:.3f},active" for n in range(60)),
+    "log": "\n".join(f"2026-12-02 11:{n:02d}:03 INFO web: GET /api/sessions/{n} 200" for n in range(40)),
+    "cjk": "上下文窗口预算令牌估计提供者回复历史修剪路由模型。" * 12,
+}
+
+
+def test_tokens_per_piece_is_steadier_than_tokens_per_byte() -> None:
+    per_byte, per_piece = {}, {}
+    for name, text in SAMPLES.items():
+        tokens = bpe_tokens(text)
+        raw = len(text.encode("utf-8")) / 4
+        density = piece_density([text])
+        assert density is not None
+        per_byte[name], per_piece[name] = tokens / raw, tokens / (density * raw)
+    print("tokens per raw token:", {k: round(v, 2) for k, v in per_byte.items()})
+    print("tokens per piece:", {k: round(v, 2) for k, v in per_piece.items()})
+    assert max(per_byte.values()) / min(per_byte.values()) > 2.0
+    assert max(per_piece.values()) / min(per_piece.values()) < 1.15
+    assert all(0.9 < ratio < 1.1 for ratio in per_piece.values())
+
+
+def test_a_short_text_says_nothing_of_its_pieces() -> None:
+    assert piece_density(["ok"]) is None and piece_density([]) is None
+
+
+def reading(meter: Meter, anchor: Anchor, new: list[ChatMessage], calibration: float = 0.8) -> Reading:
+    pieces = meter.piece_ratio("p/m", anchor, new, calibration)
+    return Reading(Route("p", "m"), Capacity(None), 0, anchor.raw + sum(m.text_tokens for m in new),
+                   ratio=calibration, anchor=anchor, kind="tool/json", piece_ratio=pieces)
+
+
+def test_an_uncounted_kind_is_priced_by_its_pieces(tmp_path: Path) -> None:
+    settings = settings_for(tmp_path)
+    meter = Meter(RouteResolver(settings, {}), settings.providers, image_cost=1000)
+    result = ChatMessage("tool", SAMPLES["json"], tool_call_id="c1")
+    density = piece_density([result.content])
+    assert density is not None
+    anchor = Anchor(1000, 1200, ratio=0.6, counted=False, per_piece=1.1)
+    priced = reading(meter, anchor, [result])
+    assert priced.step_ratio == pytest.approx(1.1 * density)
+    assert priced.step_ratio > 2 * anchor.step  # JSON costs far more per byte than the chat before it
+    # A kind the session counted keeps its own ratio; with no counted reply, the step as before.
+    learned = Anchor(1000, 1200, ratio=0.6, counted=False, per_piece=1.1, kinds=(("tool/json", 1.7),))
+    assert reading(meter, learned, [result]).step_ratio == 1.7
+    assert reading(meter, Anchor(1000, 1200, ratio=0.6, counted=False), [result]).step_ratio == 0.6
+    # An image is priced at the route's whole-request ratio, its caption by its pieces.
+    picture = ChatMessage("user", "and what is in this one?", images=[Image("image/png", "iVBORw0KGgo=")])
+    mixed = reading(meter, anchor, [picture], calibration=0.77)
+    assert mixed.step_ratio == pytest.approx((picture.text_tokens * 0.6 + 1000 * 0.77)
+                                             / (picture.text_tokens + 1000))
+
+
+def bpe_count(body: dict[str, Any]) -> int:
+    """The fake provider's count: the BPE vocabulary's tokens, 3 a message, the tools' JSON."""
+    total = bpe_tokens(json.dumps(body.get("tools") or []))
+    for message in body["messages"]:
+        total += 3 + bpe_tokens(message.get("content") or "")
+        total += sum(bpe_tokens(json.dumps(call["function"])) for call in message.get("tool_calls") or ())
+    return total
+
+
+def answer(body: dict[str, Any]) -> Reply:
+    """Code for the first question; three clocks for the second, then a line about them."""
+    count = bpe_count(body)
+    last = body["messages"][-1]
+    if last["role"] == "user" and "clock" in last["content"]:
+        calls = [Call("time__get_current_time", {"timezone": zone}, f"call_{n}")
+                 for n, zone in enumerate(("Asia/Tokyo", "America/Lima", "Europe/Paris"))]
+        written = sum(bpe_tokens(json.dumps({"name": c.name, "arguments": json.dumps(c.arguments)}))
+                      for c in calls)  # as the request carries them back
+        return Reply(tool_calls=calls, usage=(count, written))
+    text = CODE if last["role"] == "user" else "Evening in Tokyo, morning in Lima, noon in Paris."
+    return Reply(text=[text], usage=(count, bpe_tokens(text)))
+
+
+async def test_the_first_json_of_a_route_is_priced_by_its_pieces(tmp_path: Path,
+                                                                 fake_openai: FakeProvider) -> None:
+    fake_openai.default = answer
+    provider = {"kind": "openai", "base_url": fake_openai.base_url, "model": "m1", "discover_window": False}
+    settings = settings_for(tmp_path, {"providers": {"p": provider}, "mcp_servers": {"time": time_server()}})
+    with serve(settings) as address:
+        async with client(address) as c:
+            await c.hello()
+            frames = await c.say("Write twelve small step functions in Python, please.")
+            frames += await c.say("Now read three clocks for me: Tokyo, Lima and Paris.")
+    assert frames[-1]["type"] == "done", frames[-1]
+    sends = [f for f in of_type(frames, "context") if f["reason"] == "send"]
+    bodies = [r.json for r in fake_openai.requests]
+    assert [m["role"] for m in bodies[2]["messages"][-3:]] == ["tool", "tool", "tool"]
+    errors = [(send["estimated_tokens"] - bpe_count(body)) / bpe_count(body)
+              for send, body in zip(sends, bodies, strict=True)]
+    print("errors per call:", [f"{e:+.1%}" for e in errors])
+    assert sends[2]["tokens_source"] == "estimate"  # nothing counted these results before the call
+    assert abs(errors[2]) < 0.03
