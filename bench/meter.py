@@ -4,9 +4,10 @@
 
 A real meterchat server (in a thread) talks to the fake OpenAI provider (``tests/fakes``, a real
 HTTP server on 127.0.0.1) whose tokenizer is nothing like meterchat's estimate (UTF-8 bytes / 4),
-and is run once with each of two: ``bpe``, a real BPE vocabulary (Claude's former tokenizer,
-``tests/fakes/bpe.py``), and ``synthetic``, 1.3 tokens a run of letters and digits, a punctuation
-mark or a CJK character (a rule unlike real vocabularies in two ways: ``w1`` is one token, ``":`` two).
+and is run once with each of four: three real vocabularies (``claude``, Claude's former BPE;
+``tekken``, Mistral's tiktoken-style BPE; ``llama``, a Llama 2-style SentencePiece model:
+``tests/fakes/vocabularies.py``) and ``synthetic``, 1.3 tokens a run of letters and digits, a
+punctuation mark or a CJK character (a rule unlike real vocabularies: ``w1`` is one token, ``":`` two).
 Either way 3 a message, 765 an image, tool schemas at 3.8 bytes a token. Its ``completion_tokens``
 is its own count of the reply (as a provider's is). The fake enforces a window
 per model and refuses a longer prompt with OpenAI's overflow error, which names the window.
@@ -42,8 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.fakes.base import Call, Reply, running  # noqa: E402
-from tests.fakes.bpe import bpe_tokens  # noqa: E402
 from tests.fakes.openai_fake import FakeOpenAI  # noqa: E402
+from tests.fakes.vocabularies import VOCABULARIES  # noqa: E402
 from tests.support import client, serve, settings_for  # noqa: E402
 
 WINDOWS = {"big": 32768, "small": 4096, "open": 8192}  # what the fake enforces
@@ -62,8 +63,8 @@ def synthetic_tokens(text: str) -> int:
     return math.ceil(1.3 * len(_TOKENS.findall(text)))
 
 
-TOKENIZERS = {"bpe": bpe_tokens, "synthetic": synthetic_tokens}
-_tokenizer = [bpe_tokens]  # the one the fake counts with now
+TOKENIZERS = {**VOCABULARIES, "synthetic": synthetic_tokens}
+_tokenizer = [synthetic_tokens]  # the one the fake counts with now
 
 
 def fake_tokens(text: str) -> int:
@@ -279,10 +280,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few turns per scenario (about a second)")
     parser.add_argument("--verbose", action="store_true", help="every call's figure and count")
-    parser.add_argument("--tokenizer", choices=[*TOKENIZERS, "both"], default="both",
+    parser.add_argument("--tokenizer", choices=[*TOKENIZERS, "all"], default="all",
                         help="the fake provider's tokenizer (default: a table for each)")
     args = parser.parse_args()
-    chosen = list(TOKENIZERS) if args.tokenizer == "both" else [args.tokenizer]
+    chosen = list(TOKENIZERS) if args.tokenizer == "all" else [args.tokenizer]
     anyio.run(run, 4 if args.quick else 12, args.verbose, chosen)
 
 

@@ -9,11 +9,10 @@ BPE vocabulary: 0.6 to 2.8 tokens per 4 bytes over those), so:
   what people write), and the meter learns each kind's ratio from the provider's counts;
 - ``piece_density`` prices a kind never counted yet. A tokenizer first cuts text into pieces (a
   run of letters, up to three digits, a punctuation mark, a CJK character, a line break with its
-  indentation, a JSON quote with the mark beside it) and then each piece into tokens; common pieces
-  are one token each, so tokens per piece stays near one across kinds (0.9 to 1.1 for prose, code,
-  JSON, logs, CSV, Japanese under the same vocabulary; German compounds 1.8 and base64 3.6 are the
-  outliers) where tokens per byte varies fourfold. A session that counted a reply of one kind thus
-  prices the first JSON after it by the pieces each holds per byte.
+  indentation, up to three brackets, quotes and the marks beside them) and then each piece into
+  tokens; common pieces are one token each, so tokens per piece varies far less across kinds than
+  tokens per byte (``bench/pieces.py`` measures it on three real vocabularies). A session that
+  counted a reply of one kind thus prices the first JSON after it by the pieces each holds per byte.
 
 Every function reads at most ``SAMPLE_CHARS`` characters of a message: the cost stays flat.
 """
@@ -21,8 +20,10 @@ Every function reads at most ``SAMPLE_CHARS`` characters of a message: the cost 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from server.history.messages import TOOL_RESULTS_PREFIX, ChatMessage
 
@@ -30,8 +31,10 @@ SAMPLE_CHARS = 4096
 CJK_SHARE = 0.3  # of a text's characters: CJK script (a token a character or more, 3 UTF-8 bytes)
 DENSE_SHARE = 0.2  # of its non-space characters, neither letters nor CJK: JSON, code, tables, numbers
 _CJK = "\u3000-\u9fff\uac00-\ud7af\uff00-\uffef"
-_PIECE = re.compile(rf"[{_CJK}]|[^\W\d_{_CJK}]+|\d{{1,3}}|_|\n\s*|\"[:,\]}}]|[{{\[]\"|[^\w\s]")
+# Brackets, quotes and the marks around them merge in runs (``[{"``, ``"],``, ``</``, ``="``).
+_PIECE = re.compile(rf"[{_CJK}]|[^\W\d_{_CJK}]+|\d+|_|\n\s*|[\[\]{{}}\",:<>/=()]{{1,3}}|[^\w\s]")
 MIN_DENSITY_BYTES = 64  # a shorter text says too little about its pieces
+DIGITS_TELL = 1.05  # a text with 5 % more pieces cut digit by digit tells how a vocabulary cuts numbers
 
 
 def _is_cjk(char: str) -> bool:
@@ -91,18 +94,49 @@ def kind_of(messages: Sequence[ChatMessage]) -> str | None:
     return max(sizes, key=lambda k: sizes[k]) if sizes else None
 
 
-def piece_density(texts: Sequence[str]) -> float | None:
-    """Pieces per raw token (UTF-8 bytes / 4, the estimate's unit) of ``texts``, read from the
-    first ``SAMPLE_CHARS`` characters of each; None when they hold too little text to say."""
-    pieces = size = 0
+@dataclass(frozen=True)
+class Density:
+    """Pieces per raw token (UTF-8 bytes / 4, the estimate's unit) of a text, its numbers cut two
+    ways, as vocabularies do: in groups of up to three digits (cl100k, o200k, Llama 3, Claude's) or
+    digit by digit (the SentencePiece vocabularies of the Llama 2 family, Mistral's tekken)."""
+
+    grouped: float
+    single: float
+
+    def of(self, digits: int) -> float:
+        return self.single if digits == 1 else self.grouped
+
+
+def piece_density(texts: Sequence[str]) -> Density | None:
+    """The ``Density`` of ``texts``, read from the first ``SAMPLE_CHARS`` characters of each; None
+    when they hold too little text to say."""
+    pieces = grouped = single = size = 0
     for text in texts:
         sample = text[:SAMPLE_CHARS]
-        pieces += sum(1 for _ in _PIECE.finditer(sample))
+        for match in _PIECE.finditer(sample):
+            if sample[match.start()].isdigit():
+                run = match.end() - match.start()
+                grouped, single = grouped + -(-run // 3), single + run
+            else:
+                pieces += 1
         size += len(sample.encode("utf-8"))
-    return pieces / (size / 4) if size >= MIN_DENSITY_BYTES and pieces else None
+    if size < MIN_DENSITY_BYTES or not pieces + grouped:
+        return None
+    raw = size / 4
+    return Density((pieces + grouped) / raw, (pieces + single) / raw)
 
 
-def message_density(message: ChatMessage) -> float | None:
+def tokens_per_piece(tokens: int, raw: int, density: Density, digits: int) -> tuple[float, int]:
+    """What a piece cost in a text of ``raw`` estimated tokens the provider counted ``tokens``, and
+    how its vocabulary cuts numbers (3: in groups, 1: digit by digit): the cut under which a piece
+    costs nearer one token, when the text holds enough digits to tell (else ``digits``, as known)."""
+    grouped, single = tokens / (density.grouped * raw), tokens / (density.single * raw)
+    if density.single > DIGITS_TELL * density.grouped:
+        digits = 1 if abs(math.log(single)) < abs(math.log(grouped)) else 3
+    return (single if digits == 1 else grouped), digits
+
+
+def message_density(message: ChatMessage) -> Density | None:
     """``piece_density`` of a message's text and tool calls' arguments as they are sent."""
     calls = [call.name + json.dumps(call.arguments, ensure_ascii=False) for call in message.tool_calls or ()]
     return piece_density([message.content, *calls])

@@ -42,7 +42,7 @@ from server.history.ledger import HistoryLedger
 from server.history.messages import DEFAULT_IMAGE_TOKEN_COST, MESSAGE_OVERHEAD_TOKENS, ChatMessage
 from server.protocol import server_frame
 from server.providers.base import ToolSpec, Usage
-from server.routing.content import added, kind_of, piece_density
+from server.routing.content import Density, added, kind_of, piece_density, tokens_per_piece
 from server.routing.resolver import Capacity, Route, RouteResolver
 from server.tools.toolbox import Toolbox
 
@@ -66,6 +66,7 @@ def tokens_by_server(toolbox: Toolbox, tools: Sequence[ToolSpec]) -> tuple[tuple
 MIN_MARGINAL_RAW = 32  # a smaller step between two counts says too little about the ratio
 RATIO_MIN, RATIO_MAX = 0.25, 4.0
 PER_PIECE = "per piece"  # the ``KindRatios`` entry of a route's tokens per piece (``content``)
+DIGITS = "digits"  # and of how its vocabulary cuts numbers (``Anchor.digits``)
 
 
 class KindRatios:
@@ -100,6 +101,7 @@ class Anchor:
     source: str = "provider"  # the meter's tokens_source while nothing was added since the count
     kinds: tuple[tuple[str, float], ...] = ()  # the marginal ratio of each kind of content learned
     per_piece: float | None = None  # tokens per piece (``content.piece_density``) of the last counted reply
+    digits: int = 3  # how the provider's vocabulary cuts numbers, as its counted replies told
 
     @property
     def step(self) -> float | None:
@@ -110,7 +112,7 @@ class Anchor:
         return dict(self.kinds).get(kind) if kind else None
 
     def with_reply(self, raw: int, tokens: int, kind: str | None = None,
-                   density: float | None = None) -> Anchor:
+                   density: Density | None = None) -> Anchor:
         """The anchor moved past a reply estimated at ``raw`` that the provider counted ``tokens``
         (its per-message overhead, which no output count holds, priced at the marginal ratio). A
         reply of ``kind`` teaches that kind's ratio too, and, with its pieces per raw token
@@ -119,11 +121,12 @@ class Anchor:
         text = raw - MESSAGE_OVERHEAD_TOKENS  # the reply's text and tool calls: what ``tokens`` counts
         if text < MIN_MARGINAL_RAW:
             return Anchor(self.raw + raw, self.reported + tokens + overhead, self.ratio, False, self.base,
-                          kinds=self.kinds, per_piece=self.per_piece)
+                          kinds=self.kinds, per_piece=self.per_piece, digits=self.digits)
         base = min(RATIO_MAX, max(RATIO_MIN, tokens / text))
-        per_piece = tokens / (density * text) if density else self.per_piece
+        per_piece, digits = (self.per_piece, self.digits) if density is None \
+            else tokens_per_piece(tokens, text, density, self.digits)
         return Anchor(self.raw + raw, self.reported + tokens + overhead, self.ratio, False, base,
-                      kinds=self.with_kind(kind, base), per_piece=per_piece)
+                      kinds=self.with_kind(kind, base), per_piece=per_piece, digits=digits)
 
     def with_kind(self, kind: str | None, ratio: float) -> tuple[tuple[str, float], ...]:
         """``kinds`` with ``kind`` at ``ratio``: the newest sample of a kind replaces the older (a
@@ -140,12 +143,13 @@ class Anchor:
         step = raw - self.raw
         if step < MIN_MARGINAL_RAW:
             return Anchor(raw, reported, self.ratio, base=self.base, kinds=self.kinds,
-                          per_piece=self.per_piece)
+                          per_piece=self.per_piece, digits=self.digits)
         sample = min(RATIO_MAX, max(RATIO_MIN, (reported - self.reported) / step))
         ratio = sample if self.ratio is None else (sample + self.ratio) / 2
         alone = not self.counted or self.source == "provider_count"  # no uncounted reply in the step
         kinds = self.with_kind(kind if alone else None, sample)
-        return Anchor(raw, reported, ratio, base=self.base, kinds=kinds, per_piece=self.per_piece)
+        return Anchor(raw, reported, ratio, base=self.base, kinds=kinds, per_piece=self.per_piece,
+                      digits=self.digits)
 
 
 def next_anchor(previous: Anchor | None, raw: int, reported: int, kind: str | None = None) -> Anchor:
@@ -162,7 +166,7 @@ def count_anchor(previous: Anchor | None, raw: int, tokens: int) -> Anchor:
     if previous is None:
         return Anchor(raw, tokens, base=base, source="provider_count")
     return Anchor(raw, tokens, previous.ratio, base=base, source="provider_count", kinds=previous.kinds,
-                  per_piece=previous.per_piece)
+                  per_piece=previous.per_piece, digits=previous.digits)
 
 
 def reply_tokens(usage: Usage, thinking: bool) -> int | None:
@@ -288,7 +292,9 @@ class Meter:
         cost in the session's last counted reply (else on the route) times the pieces per raw token
         it holds; its images (a configured guess, ``image_token_cost``, no text) at the route's
         whole-request ratio of count to estimate, the only scale learned with images in it."""
-        per_piece = anchor.per_piece or self.kinds.get(route, PER_PIECE)
+        per_piece, digits = anchor.per_piece, anchor.digits
+        if per_piece is None:
+            per_piece, digits = self.kinds.get(route, PER_PIECE), int(self.kinds.get(route, DIGITS) or 3)
         if per_piece is None:
             return None
         text = sum(message.text_tokens for message in new)
@@ -296,7 +302,7 @@ class Meter:
         density = piece_density([message.content for message in new])
         if density is None and not images:
             return None
-        price = per_piece * density if density is not None else anchor.step or 1.0
+        price = per_piece * density.of(digits) if density is not None else anchor.step or 1.0
         return min(RATIO_MAX, max(RATIO_MIN, (text * price + images * calibration) / (text + images)))
 
     def schema_sizes(self, tools: Sequence[ToolSpec]) -> tuple[int, tuple[tuple[str, int], ...]]:

@@ -44,7 +44,7 @@ from server.providers.base import (
 )
 from server.routing.calibration import named_window, plausible
 from server.routing.content import message_density, message_kind
-from server.routing.meter import PER_PIECE, Reading, next_anchor, reply_tokens
+from server.routing.meter import DIGITS, PER_PIECE, Reading, next_anchor, reply_tokens
 from server.routing.resolver import Route
 from server.sessions.compaction_runner import Compaction, NoCompaction
 from server.sessions.reply import ReplyWriter, Step
@@ -372,6 +372,7 @@ class Turn:
             self.rt.meter.kinds.learn(self.route.name, kind, learned)
         if moved.per_piece is not None and density is not None:
             self.rt.meter.kinds.learn(self.route.name, PER_PIECE, moved.per_piece)
+            self.rt.meter.kinds.learn(self.route.name, DIGITS, moved.digits)
 
     async def run_tools(self, calls: list[ToolCall]) -> None:
         await self.finish_reply(interrupted=False, tool_calls=calls)  # a reply asking for tools is complete
