@@ -108,6 +108,20 @@ class Anchor:
         """What a raw token added after the anchor costs, as far as this session knows."""
         return self.ratio or self.base
 
+    @property
+    def whole(self) -> float:
+        """What a raw token of the counted request cost on average: the price of history a trim
+        drops (old turns of every kind, not the kind just added)."""
+        return min(RATIO_MAX, max(RATIO_MIN, self.reported / self.raw)) if self.raw > 0 else 1.0
+
+    def without(self, raw: int) -> Anchor:
+        """The anchor with ``raw`` estimated tokens of its request left out by a trim, priced at
+        ``whole``: the next step then holds only what was added since the count."""
+        dropped = min(self.raw, max(0, raw))
+        return Anchor(self.raw - dropped, max(0, self.reported - math.ceil(self.whole * dropped)),
+                      self.ratio, False, self.base, kinds=self.kinds, per_piece=self.per_piece,
+                      digits=self.digits)
+
     def kind_ratio(self, kind: str | None) -> float | None:
         return dict(self.kinds).get(kind) if kind else None
 
@@ -205,17 +219,38 @@ class Reading:
         return (anchor.kind_ratio(self.kind) or self.route_kind_ratio or self.piece_ratio or anchor.step
                 or self.ratio)
 
+    @property
+    def drop_ratio(self) -> float:
+        """What a raw token taken off the request counts: the anchored request's average (a trim
+        drops old turns of every kind), else the calibration."""
+        return self.anchor.whole if self.anchor is not None else self.ratio
+
+    def _now(self, anchor: Anchor) -> float:
+        """The count of the request as it stands (``estimate``): what was added since the count at
+        the step ratio, what left it (net) at the drop ratio."""
+        delta = self.estimate - anchor.raw
+        return anchor.reported + (self.step_ratio if delta >= 0 else anchor.whole) * delta
+
     def count(self, raw: int) -> int:
-        """The route's count for a request whose raw estimate (tools included) is ``raw``."""
-        if self.anchor is not None:
-            return max(0, self.anchor.reported + math.ceil(self.step_ratio * (raw - self.anchor.raw)))
-        return max(0, math.ceil(self.ratio * raw))
+        """The route's count for a request whose raw estimate (tools included) is ``raw``: from the
+        request as it stands, content added at the step ratio and content left out (a trim's
+        result) at the drop ratio."""
+        anchor = self.anchor
+        if anchor is None:
+            return max(0, math.ceil(self.ratio * raw))
+        change = raw - self.estimate
+        now = self._now(anchor)
+        return max(0, math.ceil(now + (self.step_ratio if change >= 0 else anchor.whole) * change))
 
     def raw_for(self, figure: int) -> int:
         """The largest raw estimate (tools included) whose ``count`` stays within ``figure``."""
-        if self.anchor is not None:
-            return self.anchor.raw + math.floor((figure - self.anchor.reported) / self.step_ratio)
-        return math.floor(figure / self.ratio)
+        anchor = self.anchor
+        if anchor is None:
+            return math.floor(figure / self.ratio)
+        now = self._now(anchor)
+        if figure >= now:
+            return self.estimate + math.floor((figure - now) / self.step_ratio)
+        return self.estimate - math.ceil((now - figure) / anchor.whole)
 
     @property
     def counted(self) -> bool:
@@ -330,7 +365,7 @@ class Meter:
         if reading.target <= 0:
             return None
         turns, tokens = ledger.preview(reading.raw_history_budget())
-        return {"turns": turns, "tokens": math.ceil(tokens * reading.step_ratio)} if turns else None
+        return {"turns": turns, "tokens": math.ceil(tokens * reading.drop_ratio)} if turns else None
 
 
 def breakdown(reading: Reading, ledger: HistoryLedger, trimmed: int) -> dict[str, Any]:

@@ -238,7 +238,10 @@ class Session:
             return False
         for message in dropped:
             message.left_out = TRIMMED
-        self.trimmed_tokens += left_out_tokens(dropped, self.image_token_cost)  # they were all sent
+        left = left_out_tokens(dropped, self.image_token_cost)  # they were all sent
+        self.trimmed_tokens += left
+        for route, anchor in self.anchors.items():  # the counts move past what left the request
+            self.anchors[route] = anchor.without(left)
         fields = {**report.frame_fields(), "dropped_messages": len(dropped)}
         if reading is not None and "tokens_before" in fields:
             fields["tokens_before"] = reading.history_figure(report.tokens_before)
