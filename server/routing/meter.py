@@ -21,6 +21,8 @@ tool schemas; ``server.history.messages``'s bytes/4 heuristic) and turns it into
   on the route is priced by its pieces: the tokens a piece cost in the last counted reply times the
   pieces per raw token the new content holds (``content.piece_density``); with no counted reply
   yet, or images, at the session's marginal ratio.
+  What a trim takes off is priced at the anchored request's average (``Anchor.whole``: old turns of
+  every kind), and the trim moves the session's anchors past it (``Anchor.without``).
 - otherwise: ``ceil(ratio * raw)`` with the route's calibration ratio (1.0 until a report).
 
 The reply reserve (``runtime.reply_reserve_tokens``) is added on top: a request must leave that much
@@ -210,9 +212,9 @@ class Reading:
 
     @property
     def step_ratio(self) -> float:
-        """What a raw token added to (or dropped from) the anchored request counts: the ratio of
-        the added content's kind (the session's, else the route's), else its price by its pieces,
-        else the session's step."""
+        """What a raw token added to the anchored request counts: the ratio of the added content's
+        kind (the session's, else the route's), else its price by its pieces, else the session's
+        step. What leaves the request is priced at ``drop_ratio``."""
         anchor = self.anchor
         if anchor is None:
             return self.ratio
