@@ -254,15 +254,17 @@ class SessionHub:
 
     async def _accept(self, session: Session, message_id: str, content: str, images: list[Image],
                       turn_id: str, replaces: Replaces | None) -> tuple[Route, str]:
-        """Store the user's message (durable before any provider call) and announce it."""
+        """Take the user's message into the session and announce it. Its write runs beside the
+        provider call (``Session.store_soon``); the turn's reply save writes it first if it has not
+        landed, so it is stored before the reply and before ``done``."""
         route, text = self.rt.resolver.for_message(session.route, content)
         if replaces is not None:
             await replaces.set_aside(session, text)
         user = ChatMessage("user", text, images=images or None, turn_id=turn_id, id=message_id,
                            created_at=utc_now(), replaces=replaces.turn_id if replaces else None)
         await self.cache.store_new(session)
-        await self.rt.store.append_messages(session.id, [user])
         session.add(user)
+        session.store_soon(user)
         session.client_ids.add(message_id)
         session.emit(server_frame(
             "accepted", id=message_id, turn_id=turn_id, content=text, images=len(images) or None,

@@ -1,6 +1,7 @@
 """``Turn``: one user turn: route, trim, call, tool loop, recovery, accounting.
 
-Order of a turn (seed 000): the user's message is durable before any provider call; the route for
+Order of a turn (seed 000): the user's message is durable before the turn's reply is stored and before
+``done`` (its write runs beside the provider call: ``Session.store_soon``); the route for
 the call is resolved once (a classifier hint may pick another route for this turn only) and its
 capacity and budget drive trimming, the capacity check, the meter and cost alike. Before each
 provider call the turn-limit and token-budget trims run on whole turns, the request's estimate is
@@ -294,8 +295,8 @@ class Turn:
             step = self.writer.append(event.text)
             if step is Step.JOIN:  # in the transcript at once (snapshots), in the store soon
                 self.session.join_reply(self.writer)
-            elif step is Step.FLUSH:  # saved with every other session's in the flusher's next batch
-                self.rt.flusher.due(self.session.id, self.writer.flush())
+            elif step is Step.FLUSH and not self.session.unsaved:  # after the user's message only
+                self.rt.flusher.due(self.session.id, self.writer.flush())  # in the flusher's next batch
         elif isinstance(event, ThinkingDelta):
             self.emit("thinking", turn_id=self.turn_id, content=event.text)
             self.writer.think(event.text)
@@ -349,11 +350,12 @@ class Turn:
         self.session.settle_reply(message)
         self.anchor_reply(message if not interrupted else None)
         await self.rt.flusher.settle(self.session.id)  # no earlier flush may land after this save
-        if message is None:  # an empty reply was never stored: nothing to keep
-            return
-        self.final_text = "" if message.tool_calls else message.content
-        self.final_at = message.created_at
-        await self.session.save_reply(message)
+        if message is not None:  # an empty reply was never stored: nothing to keep
+            self.final_text = "" if message.tool_calls else message.content
+            self.final_at = message.created_at
+        # The user's message first, if its write has not landed: stored before the turn is done.
+        await self.session.save_reply(*([message] if message is not None else []))
+        await self.session.check_writes()
 
     def anchor_reply(self, message: ChatMessage | None) -> None:
         """Move the route's anchor past the reply just settled, by the provider's count of it: the
