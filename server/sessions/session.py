@@ -114,6 +114,8 @@ class Session:
         self.unsaved: dict[str, ChatMessage] = {}
         self.ledger = HistoryLedger(self._scan(), image_token_cost=image_token_cost)
         self.trimmed_tokens = self._count_trimmed()  # the meter's "History trimmed", kept current
+        self._ids: set[str] = set()  # ids of transcript[:_ids_of] (``knows``)
+        self._ids_of = 0
 
     @property
     def store(self) -> Store:
@@ -184,6 +186,7 @@ class Session:
         """Re-read the ledger after marks changed outside a trim (compaction, restore, set-aside)."""
         self.ledger = HistoryLedger(self._scan(), image_token_cost=self.image_token_cost)
         self.trimmed_tokens = self._count_trimmed()
+        self._forget_ids()  # compaction may have put a summary inside the transcript
 
     def _count_trimmed(self) -> int:
         trimmed = (m for m in self.transcript if m.left_out in (TRIMMED, TRUNCATED))
@@ -200,7 +203,18 @@ class Session:
         self.ledger.extend(messages)
 
     def knows(self, message_id: str) -> bool:
-        return any(message.id == message_id for message in self.transcript)
+        """A message of the transcript has ``message_id``. The ids are kept in a set as the
+        transcript grows (a message refused for a used id is checked on every submit), read again
+        from the start after anything but an append changed it (``_forget_ids``)."""
+        transcript = self.transcript
+        if self._ids_of > len(transcript):
+            self._forget_ids()
+        self._ids.update(message.id for message in transcript[self._ids_of:])
+        self._ids_of = len(transcript)
+        return message_id in self._ids
+
+    def _forget_ids(self) -> None:
+        self._ids, self._ids_of = set(), 0
 
     def snapshot(self) -> list[ChatMessage]:
         """The transcript as it stands, the reply being written included with its text so far."""
@@ -224,6 +238,7 @@ class Session:
         streamed, self._streamed, self.reply = self._streamed, None, None
         if streamed is not None and streamed is not message:
             self.transcript.remove(streamed)
+            self._forget_ids()
         if message is None:
             return
         message.created_at = message.created_at or utc_now()
