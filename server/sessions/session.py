@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from server.errors import StoreUnavailable
+from server.errors import MeterchatError, StoreUnavailable
 from server.history.compaction import TRUNCATED
 from server.history.ledger import HistoryLedger
 from server.history.messages import (
@@ -295,6 +295,8 @@ class Session:
             await write()
         except StoreUnavailable as exc:
             self.refused = self.refused or exc
+        except MeterchatError as exc:  # the session was deleted meanwhile: nothing left to write
+            log.warning("a store write of session %s failed: %s", self.id, exc.message)
         except Exception:  # a background write must never take the server down
             log.exception("a store write of session %s failed", self.id)
         finally:
