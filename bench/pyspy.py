@@ -4,14 +4,19 @@
     .venv/bin/python bench/pyspy.py               # 100 paced sessions, relay then meterchat
     .venv/bin/python bench/pyspy.py --sessions 100 --seconds 20 --record 10 --pin
 
-Runs ``bench/load.py`` (direct path skipped, no first-chunk mode) and attaches ``py-spy record`` to
-each server as it starts, once the bench's warm-up and the ramp are over, for ``--record`` seconds.
+    .venv/bin/python bench/pyspy.py --steps --paths meterchat --sessions '' --first-chunk 1,1,1 --after 1.5
+
+Runs ``bench/load.py`` (direct path skipped; no first-chunk mode unless given) and attaches ``py-spy
+record`` to each server as it starts, once the bench's warm-up and the ramp are over, for ``--record``
+seconds (or until the server ends).
 Prints the load bench's table, then for each server its samples by layer: each sample goes to the
 layer of the innermost Python frame (so ``json`` is json wherever it is called from), and a second
 table counts the samples under a few meterchat entry points (inclusive). Idle time (the loop
 waiting in epoll) is not sampled by py-spy; native code shows as the Python frame that called it
-(uvloop's own loop as ``asyncio runner``). py-spy needs root or ptrace permission. The raw stacks are
-kept in ``--out`` (collapsed format, for flame graph tools).
+(uvloop's own loop as ``asyncio runner``). ``--steps`` adds the samples by step of a turn (message
+in, trims, meter, store, provider call, ...): the per-turn work of the first-chunk mode. py-spy needs
+root or ptrace permission. The raw stacks are kept in ``--out`` (collapsed format, for flame graph
+tools).
 """
 
 from __future__ import annotations
@@ -64,6 +69,27 @@ ENTRY_POINTS = {
     "flusher": "server/sessions/flusher.py",
 }
 
+# The steps of a turn (``--steps``, for the first-chunk mode): each sample goes to the innermost
+# frame that names a step, so a store call inside the accounting counts as the store's.
+STEPS: list[tuple[str, tuple[str, ...]]] = [
+    ("store: writes and their thread hops", ("SqliteStore.", "PostgresStore.", "(anyio/to_thread.py",
+                                             "WorkerThread.run")),
+    ("meter: readings + context frames", ("Session.emit_meter", "Session.read_meter", "Meter.read ",
+                                          "Meter.frame ")),
+    ("trims: ledger, marks, history_trimmed", ("Turn.proactive_trims", "Session.trim ", "Session.keep_trim")),
+    ("message in: submit, accepted frame", ("SessionHub.submit", "SessionHub._accept",
+                                            "Session.store_soon")),
+    ("turn set-up (task, route notices)", ("SessionHub._run_turn", "Turn.run ", "Turn.attempt")),
+    ("prepare: history to send", ("Turn.prepare",)),
+    ("provider call: request, head, decode", ("HttpProvider._run", "Turn.call ")),
+    ("chunks: emit + reply writer", ("Turn.on_event",)),
+    ("after the call: accounting", ("Turn.account",)),
+    ("reply save, done frame", ("Turn.finish_reply", "Turn.end ", "Turn.done_frame")),
+    ("between turns: counts, budget", ("Counts.", "SessionHub.send_budget")),
+    ("websocket send loop", ("Connection.send_loop",)),
+    ("websocket receive, frame parsing", ("Connection.read_loop", "WebSocketProtocol.data_received")),
+]
+
 
 LOOP, RUN = "run (asyncio/runners.py:118)", "HttpProvider._run (server/providers/_http.py:152)"
 SAMPLE = [  # (stack, samples), outermost frame first, as py-spy's raw format has them
@@ -82,6 +108,31 @@ def layer_of(stack: list[str]) -> str:
         if any(needle in leaf for needle in needles):
             return name
     return "other: " + leaf
+
+
+def step_of(stack: list[str]) -> str:
+    for frame in reversed(stack):
+        for name, needles in STEPS:
+            if any(needle in frame for needle in needles):
+                return name
+    return "event loop (uvloop), other"
+
+
+def idle_worker(stack: list[str]) -> bool:
+    """An anyio worker thread waiting for work (py-spy samples it as running)."""
+    return any("WorkerThread.run" in frame for frame in stack) and "(threading.py" in stack[-1]
+
+
+def steps(name: str, path: Path) -> str:
+    stacks = [(stack, count) for stack, count in read_raw(path) if not idle_worker(stack)
+              and not any("_find_and_load" in frame or "build_app" in frame for frame in stack)]
+    total = sum(count for _, count in stacks) or 1
+    shares: collections.Counter[str] = collections.Counter()
+    for stack, count in stacks:
+        shares[step_of(stack)] += count
+    lines = [f"\n{name}: {total} samples after start-up (idle worker threads left out), by step of a turn"]
+    lines += [f"  {share * 100 / total:5.1f} %  {step}" for step, share in shares.most_common()]
+    return "\n".join(lines)
 
 
 def read_raw(path: Path) -> list[tuple[list[str], int]]:
@@ -140,6 +191,8 @@ def main() -> None:
     parser.add_argument("--pin", action="store_true")
     parser.add_argument("--out", type=Path, help="where the raw stacks go (default: a temporary dir)")
     parser.add_argument("--summarize", nargs="+", type=Path, help="only summarize these raw files")
+    parser.add_argument("--steps", action="store_true", help="also the samples by step of a turn (for "
+                        "the first-chunk mode: --steps --sessions '' --first-chunk 1,1,1 --after 1.5)")
     parser.add_argument("--quick", action="store_true", help="summarize a built-in sample (no servers, "
                         "no py-spy): does the summary still work")
     args, extra = parser.parse_known_args()
@@ -147,10 +200,13 @@ def main() -> None:
         sample = Path(tempfile.mkdtemp(prefix="meterchat-profile-")) / "sample.txt"
         sample.write_text("".join(f"{';'.join(stack)} {count}\n" for stack, count in SAMPLE))
         print(summary("built-in sample", sample))
+        print(steps("built-in sample", sample))
         return
     if args.summarize:
         for raw in args.summarize:
             print(summary(raw.stem, raw))
+            if args.steps:
+                print(steps(raw.stem, raw))
         return
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     out = args.out or Path(tempfile.mkdtemp(prefix="meterchat-profile-"))
@@ -178,6 +234,8 @@ def main() -> None:
         recorder.wait()
         if raw.exists():
             print(summary(path, raw))
+            if args.steps:
+                print(steps(path, raw))
     print(f"\nraw stacks: {out}")
 
 

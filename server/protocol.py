@@ -9,6 +9,7 @@ cannot drift from the document.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -263,9 +264,10 @@ def parse_client_frame(text: str | bytes) -> ClientFrame:
     return ClientFrame(data["type"], fields)
 
 
-def field_names(spec: tuple[str, ...]) -> tuple[set[str], set[str]]:
-    required = {name for name in spec if not name.endswith("?")}
-    optional = {name[:-1] for name in spec if name.endswith("?")}
+@functools.cache  # a frame type's spec is a constant tuple: read once, not for every frame sent
+def field_names(spec: tuple[str, ...]) -> tuple[frozenset[str], frozenset[str]]:
+    required = frozenset(name for name in spec if not name.endswith("?"))
+    optional = frozenset(name[:-1] for name in spec if name.endswith("?"))
     return required, optional
 
 

@@ -111,6 +111,60 @@ async def test_faults_locked_store_ends_the_turn_with_store_unavailable_and_writ
     assert after[-1]["type"] == "done"
 
 
+def stored_messages(data_dir: Path) -> list[tuple[str, str, int]]:
+    """(role, content, interrupted) of every stored message, in the session's order."""
+    with sqlite3.connect(data_dir / "meterchat.sqlite3") as db:
+        return db.execute("SELECT role, content, interrupted FROM messages ORDER BY position").fetchall()
+
+
+async def test_faults_the_reply_streams_while_the_store_is_busy_and_done_waits_for_the_message(tmp_path):
+    """The user's message is written beside the provider call: a store busy with another writer
+    holds neither the first chunk nor the flushes' order, and ``done`` comes once it is stored."""
+    settings = settings_for(tmp_path, {"providers": {"demo": SLOW_DEMO}, "store": {"timeout_seconds": 30}},
+                            store_flush_ms=20)
+    data = tmp_path / "data"
+    with serve(settings) as address:
+        async with client(address) as c:
+            await c.hello()
+            await c.say("echo first")
+            locker = sqlite3.connect(data / "meterchat.sqlite3", isolation_level=None)
+            locker.execute("BEGIN IMMEDIATE")
+            frames = await c.start_turn("echo " + " ".join(f"w{n}" for n in range(30)), message_id="busy")
+            frames += [await c.recv() for _ in range(5)]  # flushes fall due while the store is busy
+            assert [m[1] for m in stored_messages(data)] == ["echo first", "first"]
+            locker.execute("ROLLBACK")
+            locker.close()
+            frames += await c.until("done", "error")
+    assert frames[-1]["type"] == "done"
+    reply = text_of(frames)
+    assert stored_messages(data) == [("user", "echo first", 0), ("assistant", "first", 0),
+                                     ("user", frames[0]["content"], 0), ("assistant", reply, 0)]
+
+
+async def test_faults_a_refused_user_message_ends_the_turn_with_store_unavailable_and_is_kept(tmp_path):
+    settings = settings_for(tmp_path, {"providers": {"demo": SLOW_DEMO}, "store": {"timeout_seconds": 0.1}})
+    data = tmp_path / "data"
+    with serve(settings) as address:
+        async with client(address) as c:
+            await c.hello()
+            await c.say("echo first")
+            locker = sqlite3.connect(data / "meterchat.sqlite3", isolation_level=None)
+            locker.execute("BEGIN IMMEDIATE")  # past store.timeout_seconds: every write is refused
+            frames = await c.say("echo refused at first")
+            error = frames[-1]
+            assert error["code"] == "store_unavailable" and error["turn_id"] == frames[0]["turn_id"]
+            assert frames[0]["type"] == "accepted"
+            locker.execute("ROLLBACK")
+            locker.close()
+            notice = (await c.until("notice"))[-1]
+            assert notice["code"] == "store_recovered"
+            after = await c.say("echo after")
+    assert after[-1]["type"] == "done"
+    roles = [(role, content) for role, content, _ in stored_messages(data)]
+    assert roles[:3] == [("user", "echo first"), ("assistant", "first"), ("user", "echo refused at first")]
+    assert roles[-2:] == [("user", "echo after"), ("assistant", "after")]
+
+
 async def test_faults_full_store_raises_store_unavailable_and_takes_the_write_once_space_is_back(tmp_path):
     store = SqliteStore.open(tmp_path)
     await store.create_session("s1", title="t", route="demo/demo-small")

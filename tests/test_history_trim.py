@@ -238,6 +238,7 @@ def test_ledger_running_session_matches_pure_trim() -> None:
         expected = trim_to_recent_turns(rows, 300)
         report = ledger.trim(300)
         assert report.dropped == expected.dropped and report.tokens_after == expected.tokens_after
+        assert ledger.text_tokens == sum(m.text_tokens for m in ledger.messages())
         rows = expected.messages
     def real(messages: list[ChatMessage]) -> list[ChatMessage]:
         return [m for m in messages if not m.breadcrumb]
@@ -353,5 +354,7 @@ def test_property_ledger_agrees_with_pure_trim(rows: list[ChatMessage], budget: 
     assert preview == trim_preview(rows, budget, image_token_cost=100)
     assert report.dropped == expected.dropped and report.kept_turns == expected.kept_turns
     assert report.tokens_after == expected.tokens_after == ledger.estimate
+    assert ledger.text_tokens == sum(m.text_tokens for m in ledger.messages())
+    assert ledger.system_tokens == sum(m.text_tokens for m in ledger.messages() if m.role == "system")
     assert [m.id for m in ledger.messages() if not m.breadcrumb] == \
         [m.id for m in expected.messages if not m.breadcrumb]

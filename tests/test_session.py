@@ -73,6 +73,24 @@ def test_session_knows_every_message_id_of_its_transcript():
     assert session.knows("u1") and session.knows(reply.id) and not session.knows("other")
 
 
+def test_session_knows_the_ids_of_messages_that_joined_after_it_was_asked():
+    session = session_of([ChatMessage("user", "q", turn_id="t1", id="u1")])
+    assert session.knows("u1") and not session.knows("a1")
+    session.add(ChatMessage("assistant", "a", turn_id="t1", id="a1"))
+    assert session.knows("a1")
+    writer = ReplyWriter("t2", flush_seconds=1.0)
+    writer.append("x")
+    session.join_reply(writer)  # a streamed reply taken back out: the ids are read again
+    streamed = writer.current()
+    assert streamed is not None and session.knows(streamed.id)
+    session.settle_reply(None)
+    session.add(ChatMessage("user", "q2", turn_id="t3", id="u3"))
+    assert session.knows("u3")
+    session.transcript.insert(0, ChatMessage("user", "summary", summary=True, id="s1"))  # compaction
+    session.rebuild()
+    assert session.knows("s1") and not session.knows("other")
+
+
 @pytest.mark.anyio
 async def test_session_keeps_its_trimmed_figure_current_through_trims_and_rebuilds(tmp_path: Path) -> None:
     """The meter's "History trimmed" is a running sum (no walk of the transcript per frame): it

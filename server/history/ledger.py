@@ -1,10 +1,11 @@
 """An incremental twin of ``history_trim`` for a session's every-turn path (pure, no I/O).
 
 ``HistoryLedger`` holds the provider-facing history (leading system messages, an optional breadcrumb,
-then the body) with running totals: a prefix sum of each body row's cost and the index of each turn
-start. ``estimate`` is O(1); ``append`` is O(1) per message; ``trim``/``trim_turn_count`` cost
-O(dropped turns + dropped messages). Results agree with ``estimate_history_tokens`` and with
-``trim_to_recent_turns``/``trim_to_recent_turn_count`` on the same messages.
+then the body) with running totals: prefix sums of each body row's cost and of its text tokens, and
+the index of each turn start. ``estimate`` and ``text_tokens`` are O(1); ``append`` is O(1) per
+message; ``trim``/``trim_turn_count`` cost O(dropped turns + dropped messages). Results agree with
+``estimate_history_tokens`` and with ``trim_to_recent_turns``/``trim_to_recent_turn_count`` on the
+same messages.
 
 How ``server.sessions.session.Session`` uses it: it builds one from the transcript's sendable messages (its
 leading system messages, the session's own breadcrumb when older turns were left out to fit, then
@@ -47,6 +48,7 @@ class HistoryLedger:
         self._crumb: ChatMessage | None = None
         self._rows: list[ChatMessage] = []  # body rows; rows[:_head] were dropped
         self._cum = [0]  # _cum[i] = cost of _rows[:i], images counted as for an old turn
+        self._text_cum = [0]  # _text_cum[i] = text tokens of _rows[:i] (the meter's parts)
         self._head = 0
         self._starts: list[int] = []  # row index of each turn start; _starts[:_first] were dropped
         self._first = 0
@@ -77,6 +79,7 @@ class HistoryLedger:
                                                 image_token_cost=cost) - (base - message.text_tokens)
         self._rows.append(message)
         self._cum.append(self._cum[-1] + base)
+        self._text_cum.append(self._text_cum[-1] + message.text_tokens)
 
     @property
     def estimate(self) -> int:
@@ -84,6 +87,16 @@ class HistoryLedger:
         crumb = self._crumb.text_tokens if self._crumb is not None else 0
         body = self._cum[-1] - self._cum[self._head]
         return self._system_tokens + crumb + body + self._current_extra
+
+    @property
+    def text_tokens(self) -> int:
+        """The text (and tool-call) tokens of ``messages()``, images left out, without a walk."""
+        crumb = self._crumb.text_tokens if self._crumb is not None else 0
+        return self._system_tokens + crumb + self._text_cum[-1] - self._text_cum[self._head]
+
+    @property
+    def system_tokens(self) -> int:
+        return self._system_tokens
 
     @property
     def turns(self) -> int:
@@ -162,6 +175,8 @@ class HistoryLedger:
         base = self._cum[head]
         self._rows = self._rows[head:]
         self._cum = [total - base for total in self._cum[head:]]
+        text = self._text_cum[head]
+        self._text_cum = [total - text for total in self._text_cum[head:]]
         self._starts = [start - head for start in self._starts[self._first:]]
         self._head = 0
         self._first = 0

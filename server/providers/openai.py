@@ -42,7 +42,7 @@ from server.providers.base import (
     WindowInfo,
 )
 from server.providers.budget import ReplyBudget
-from server.providers.counts import OpenAICompatibleCounter
+from server.providers.counts import NONE, OpenAICompatibleCounter
 from server.providers.decoders import SSEDecoder, SSEEvent
 from server.providers.translate import translate_error
 
@@ -219,8 +219,8 @@ class OpenAIProvider(_http.HttpProvider):
         self._counter = OpenAICompatibleCounter(self._client, profile.base_url, self._headers())
 
     async def count_tokens(self, request: ProviderRequest) -> TokenCount | None:
-        if self.profile.count_endpoint == "off":
-            return None
+        if self.profile.count_endpoint == "off" or self._counter.way == NONE:
+            return None  # before the request is translated: a session asks after every turn
         tools = wire_tools(request.tools) if request.tools else []
         return await self._counter.count(request, wire_messages(request.messages), tools)
 

@@ -372,11 +372,7 @@ class Meter:
 
 def breakdown(reading: Reading, ledger: HistoryLedger, trimmed: int) -> dict[str, Any]:
     """The parts of the figure, each calibrated for the route (the anchor's correction is in none)."""
-    text = system = 0
-    for message in ledger.messages():  # one pass: this runs for every context frame
-        text += message.text_tokens
-        if message.role == "system":
-            system += message.text_tokens
+    text, system = ledger.text_tokens, ledger.system_tokens  # running sums: no walk per frame
     images = ledger.estimate - text  # the ledger's estimate is estimate_history_tokens of its messages
 
     def scaled(raw: int) -> int:

@@ -131,7 +131,8 @@ class SessionCache:
         session = Session(session_id, title, route, transcript, channel=channel, store=self.rt.store,
                           meter=self.rt.meter, image_token_cost=self.rt.options.image_token_cost,
                           calls=stored.calls if stored else None, trims=stored.trims if stored else None,
-                          notices=stored.notices if stored else None, metrics=self.rt.metrics)
+                          notices=stored.notices if stored else None, metrics=self.rt.metrics,
+                          tasks=self.rt.task_group)
         session.owner = stored.owner if stored else owner
         return session
 

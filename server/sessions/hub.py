@@ -31,7 +31,7 @@ from server.sessions.channel import Frame, Outbox
 from server.sessions.compaction_runner import compaction_for
 from server.sessions.counting import Counts
 from server.sessions.images import decode_images
-from server.sessions.instances import Hold, Instances, SoleInstance
+from server.sessions.instances import SOLE_HOLD, Hold, Instances, SoleInstance
 from server.sessions.quota import Quota
 from server.sessions.runtime import Runtime
 from server.sessions.session import Session, TurnHandle, utc_now
@@ -249,20 +249,23 @@ class SessionHub:
             raise
         await self._maybe_title(session, text)
         turn = Turn(self.rt, session, turn_id, route, self.compaction)
-        self.spawn(hold.keep, handle)
+        if hold is not SOLE_HOLD:  # one process: the session's turn is the whole hold
+            self.spawn(hold.keep, handle)
         self.spawn(self._run_turn, session, turn, handle, hold)
 
     async def _accept(self, session: Session, message_id: str, content: str, images: list[Image],
                       turn_id: str, replaces: Replaces | None) -> tuple[Route, str]:
-        """Store the user's message (durable before any provider call) and announce it."""
+        """Take the user's message into the session and announce it. Its write runs beside the
+        provider call (``Session.store_soon``); the turn's reply save writes it first if it has not
+        landed, so it is stored before the reply and before ``done``."""
         route, text = self.rt.resolver.for_message(session.route, content)
         if replaces is not None:
             await replaces.set_aside(session, text)
         user = ChatMessage("user", text, images=images or None, turn_id=turn_id, id=message_id,
                            created_at=utc_now(), replaces=replaces.turn_id if replaces else None)
         await self.cache.store_new(session)
-        await self.rt.store.append_messages(session.id, [user])
         session.add(user)
+        session.store_soon(user)
         session.client_ids.add(message_id)
         session.emit(server_frame(
             "accepted", id=message_id, turn_id=turn_id, content=text, images=len(images) or None,
@@ -310,7 +313,8 @@ class SessionHub:
         if turn.route != session.route:
             await session.emit_meter(session.route, "done")
         self.counts.request(session)
-        self.spawn(self.send_budget, session)
+        if session.owner is not None:  # only a signed-in user has a daily budget
+            self.spawn(self.send_budget, session)
 
     async def _abort(self, session: Session, turn: Turn) -> None:
         try:

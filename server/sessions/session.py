@@ -9,17 +9,27 @@ save marks or read the meter; a session built without them (benchmarks, history 
 in-memory history. The turn in flight belongs to the session, not to a socket, so
 it survives a disconnect; the reply being streamed joins the transcript at its first piece (so a
 snapshot shows it) and the ledger when it is complete.
+
+Writes off the turn's path: the user's message (``store_soon``) and a trim's record (``keep_trim``)
+are written in the background (given a task group), so the provider call need not wait for the
+store. ``unsaved`` holds every message of the transcript not yet in the store, in order; a reply's
+save (``save_reply``) writes them first, so the user's message is stored before its turn's reply
+and before ``done``, and a message the store refused stays there until a later save succeeds. A
+trim record the store refused is raised by ``check_writes`` when the turn ends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import anyio
+from anyio.abc import TaskGroup
 
+from server.errors import MeterchatError, StoreUnavailable
 from server.history.compaction import TRUNCATED
 from server.history.ledger import HistoryLedger
 from server.history.messages import (
@@ -40,6 +50,8 @@ from server.sessions.metrics import COUNTED, Metrics
 from server.sessions.notices import OBSERVED, Notice, Notices
 from server.sessions.reply import ReplyWriter
 from server.store.base import CallRecord, Store
+
+log = logging.getLogger(__name__)
 
 ORPHANED = "orphaned tool message (its call or result is missing)"
 
@@ -69,7 +81,7 @@ class Session:
                  channel: FrameChannel, store: Store | None = None, meter: Meter | None = None,
                  image_token_cost: int = DEFAULT_IMAGE_TOKEN_COST, calls: list[CallRecord] | None = None,
                  trims: list[dict[str, Any]] | None = None, notices: list[Notice] | None = None,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, tasks: TaskGroup | None = None) -> None:
         self.id = session_id
         self.title = title
         self.route = route
@@ -88,14 +100,22 @@ class Session:
         self.approvals = Approvals()  # tool calls waiting for the user's answer
         self._store = store
         self._meter = meter
+        self._tasks = tasks  # where writes off the turn's path run; None: they are awaited in place
+        self.refused: StoreUnavailable | None = None  # a background write the store refused
+        self._writing = 0  # background writes under way
+        self._written: anyio.Event | None = None  # set when the last of them ended
         self.metrics = metrics or Metrics()
         self._streamed: ChatMessage | None = None
         self.anchors: dict[str, Anchor] = {}  # route name -> the provider's last count on it
         self.stored = True  # False for a new session until its first message is stored
         self.owner: str | None = None  # the owning user's id (accounts); None: nobody's
-        self.unsaved: dict[str, ChatMessage] = {}  # replies the store refused, written when it recovers
+        # Messages not yet in the store, in transcript order: a user's message on its way, replies
+        # the store refused (written when it recovers).
+        self.unsaved: dict[str, ChatMessage] = {}
         self.ledger = HistoryLedger(self._scan(), image_token_cost=image_token_cost)
         self.trimmed_tokens = self._count_trimmed()  # the meter's "History trimmed", kept current
+        self._ids: set[str] = set()  # ids of transcript[:_ids_of] (``knows``)
+        self._ids_of = 0
 
     @property
     def store(self) -> Store:
@@ -166,6 +186,7 @@ class Session:
         """Re-read the ledger after marks changed outside a trim (compaction, restore, set-aside)."""
         self.ledger = HistoryLedger(self._scan(), image_token_cost=self.image_token_cost)
         self.trimmed_tokens = self._count_trimmed()
+        self._forget_ids()  # compaction may have put a summary inside the transcript
 
     def _count_trimmed(self) -> int:
         trimmed = (m for m in self.transcript if m.left_out in (TRIMMED, TRUNCATED))
@@ -182,7 +203,18 @@ class Session:
         self.ledger.extend(messages)
 
     def knows(self, message_id: str) -> bool:
-        return any(message.id == message_id for message in self.transcript)
+        """A message of the transcript has ``message_id``. The ids are kept in a set as the
+        transcript grows (a message refused for a used id is checked on every submit), read again
+        from the start after anything but an append changed it (``_forget_ids``)."""
+        transcript = self.transcript
+        if self._ids_of > len(transcript):
+            self._forget_ids()
+        self._ids.update(message.id for message in transcript[self._ids_of:])
+        self._ids_of = len(transcript)
+        return message_id in self._ids
+
+    def _forget_ids(self) -> None:
+        self._ids, self._ids_of = set(), 0
 
     def snapshot(self) -> list[ChatMessage]:
         """The transcript as it stands, the reply being written included with its text so far."""
@@ -206,6 +238,7 @@ class Session:
         streamed, self._streamed, self.reply = self._streamed, None, None
         if streamed is not None and streamed is not message:
             self.transcript.remove(streamed)
+            self._forget_ids()
         if message is None:
             return
         message.created_at = message.created_at or utc_now()
@@ -214,16 +247,62 @@ class Session:
         self.ledger.append(message)
 
     async def save_reply(self, *messages: ChatMessage) -> None:
-        """Write ``messages`` with any the store refused before. While the store is unavailable
+        """Write ``messages`` after every message still unsaved (the user's message whose write is
+        on its way, replies the store refused before), in order. While the store is unavailable
         they stay in ``unsaved`` (in memory, in the transcript) and ``StoreUnavailable`` is raised;
         the next save that succeeds writes them all."""
         for message in messages:
             self.unsaved[message.id] = message
         pending = list(self.unsaved.values())
+        if not pending:
+            return
         await self.store.save_messages(self.id, pending)
         for message in pending:
             if self.unsaved.get(message.id) is message:
                 del self.unsaved[message.id]
+
+    def store_soon(self, message: ChatMessage) -> None:
+        """Write ``message`` (in the transcript already) without waiting for the store: it is
+        ``unsaved`` until the write lands, so the reply's save writes it first if it has not."""
+        self.unsaved[message.id] = message
+        self._behind(self._save_quietly)
+
+    async def _save_quietly(self) -> None:
+        try:
+            await self.save_reply()
+        except StoreUnavailable:
+            pass  # still unsaved: the turn's reply save tries again, and says so if it fails
+
+    async def check_writes(self) -> None:
+        """Wait for the background writes under way, then raise the ``StoreUnavailable`` of one the
+        store refused (a trim's record; a refused message stays in ``unsaved`` instead)."""
+        while self._writing and self._written is not None:
+            await self._written.wait()
+        refused, self.refused = self.refused, None
+        if refused is not None:
+            raise refused
+
+    def _behind(self, write: Callable[[], Awaitable[None]]) -> None:
+        if self._tasks is None:
+            raise RuntimeError(f"session {self.id} was built without a task group: it writes in place")
+        if not self._writing:
+            self._written = anyio.Event()
+        self._writing += 1
+        self._tasks.start_soon(self._guarded, write)
+
+    async def _guarded(self, write: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await write()
+        except StoreUnavailable as exc:
+            self.refused = self.refused or exc
+        except MeterchatError as exc:  # the session was deleted meanwhile: nothing left to write
+            log.warning("a store write of session %s failed: %s", self.id, exc.message)
+        except Exception:  # a background write must never take the server down
+            log.exception("a store write of session %s failed", self.id)
+        finally:
+            self._writing -= 1
+            if not self._writing and self._written is not None:
+                self._written.set()
 
     # --- operations on the marks --------------------------------------------------------------
 
@@ -249,7 +328,7 @@ class Session:
             if budget is not None:
                 fields["token_budget"] = budget
         frame = server_frame("history_trimmed", **fields, **dropped_ids(dropped), turn_id=turn_id)
-        await self.keep_trim(frame, dropped)  # the marks and the notice in one write, then told
+        await self.keep_trim(frame, dropped)  # the marks and the notice in one write
         self.emit(frame)
         return True
 
@@ -261,7 +340,10 @@ class Session:
             kept["after_message_id"] = self.transcript[-1].id if self.transcript else None
         kept["created_at"] = utc_now()
         self.trims.append(kept)
-        await self.store.record_trim(self.id, kept, marked)
+        if self._tasks is None:
+            await self.store.record_trim(self.id, kept, marked)
+        else:  # off the turn's path; a refusal is raised by check_writes when the turn ends
+            self._behind(lambda: self.store.record_trim(self.id, kept, marked))
 
     async def set_aside(self, turn_id: str, reason: str) -> list[ChatMessage]:
         """Keep a turn's messages in the transcript but stop sending them (``left_out`` =

@@ -1,6 +1,7 @@
 """``Turn``: one user turn: route, trim, call, tool loop, recovery, accounting.
 
-Order of a turn (seed 000): the user's message is durable before any provider call; the route for
+Order of a turn (seed 000): the user's message is durable before the turn's reply is stored and before
+``done`` (its write runs beside the provider call: ``Session.store_soon``); the route for
 the call is resolved once (a classifier hint may pick another route for this turn only) and its
 capacity and budget drive trimming, the capacity check, the meter and cost alike. Before each
 provider call the turn-limit and token-budget trims run on whole turns, the request's estimate is
@@ -15,10 +16,13 @@ The turn changes the history only through its ``Session`` and writes each reply 
 from __future__ import annotations
 
 import logging
+import operator
 import time
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
+
+import anyio.lowlevel
 
 from server.errors import (
     CapacityExceeded,
@@ -101,20 +105,29 @@ class Turn:
     # --- trimming -----------------------------------------------------------------------------
 
     async def apply_trim(self, report: TrimReport, reading: Reading | None = None,
-                         budget: int | None = None) -> None:
+                         budget: int | None = None) -> Reading | None:
+        """Mark and announce what ``report`` dropped; the reading of the ``trim`` meter frame (what
+        the session would send now), or None when nothing was dropped."""
         if await self.session.trim(report, self.turn_id, reading, budget):
-            await self.emit_meter("trim")
+            return await self.emit_meter("trim")
+        return None
 
-    async def proactive_trims(self, final: bool) -> None:
+    async def proactive_trims(self, final: bool) -> Reading:
         """Turn limit, compaction, then the budget trim, measured as the meter measures: tool
-        schemas, calibration, the provider's last count and the reply reserve included."""
-        await self.apply_trim(self.session.ledger.trim_turn_count(self.options.turn_limit))
+        schemas, calibration, the provider's last count and the reply reserve included. Returns
+        the reading of the history left to send (read once: a trim's frame's reading is reused)."""
+        ledger = self.session.ledger
+        reading = await self.apply_trim(ledger.trim_turn_count(self.options.turn_limit))
         provider = self.rt.providers[self.route.provider]
         await self.compaction.compact(self.session, self.route, provider, self.turn_id)
-        reading = await self.session.read_meter(self.route, final)  # compaction may rebuild the ledger
+        if reading is None or final or self.session.ledger is not ledger:  # compaction rebuilds it
+            reading = await self.session.read_meter(self.route, final)
         if reading.target > 0:
             report = self.session.ledger.trim(reading.raw_history_budget())
-            await self.apply_trim(report, reading, reading.target)
+            trimmed = await self.apply_trim(report, reading, reading.target)
+            if trimmed is not None:
+                reading = await self.session.read_meter(self.route, final) if final else trimmed
+        return reading
 
     async def recover(self, overflow: ContextOverflow, final: bool) -> None:
         await self.learn_from(overflow)
@@ -235,10 +248,10 @@ class Turn:
         iteration = 0
         while iteration <= limit:
             final = iteration == limit
-            await self.proactive_trims(final)
+            reading = await self.proactive_trims(final)
             iteration += 1
             try:
-                result = await self.call(final)
+                result = await self.call(final, reading)
             except ContextOverflow as overflow:
                 await self.recover(overflow, final)
                 if final:  # the final answer is still owed: retry it (each recovery drops a turn)
@@ -248,13 +261,18 @@ class Turn:
                 return
             await self.run_tools(result.tool_calls)
 
-    async def prepare(self, final: bool) -> tuple[list[ChatMessage], Reading]:
-        messages = without_old_tool_images(sweep_orphans(self.session.to_send()))
+    async def prepare(self, final: bool, reading: Reading) -> tuple[list[ChatMessage], Reading]:
+        """The messages to send and their reading: ``reading`` (of the session's history) stands
+        when they are that history as it is, else what is sent is measured again."""
+        history = self.session.to_send()
+        swept = sweep_orphans(history)
+        messages = without_old_tool_images(swept)  # its images are not counted either way
         if final:
             messages.append(ChatMessage("user", FINAL_ANSWER_PROMPT, turn_id=self.turn_id))
-        estimate = estimate_history_tokens(messages, self.options.image_token_cost)
-        reading = await self.rt.meter.read(self.route, estimate, self.tools(final),
-                                           self.session.anchors.get(self.route.name), messages)
+        if final or len(swept) != len(history) or not all(map(operator.is_, swept, history)):
+            estimate = estimate_history_tokens(messages, self.options.image_token_cost)
+            reading = await self.rt.meter.read(self.route, estimate, self.tools(final),
+                                               self.session.anchors.get(self.route.name), messages)
         over = reading.over_capacity()
         if over:
             raise CapacityExceeded(
@@ -263,8 +281,8 @@ class Turn:
                 f"larger model", estimated=reading.figure, window=reading.capacity.window or 0)
         return messages, reading
 
-    async def call(self, final: bool) -> CallResult:
-        messages, reading = await self.prepare(final)
+    async def call(self, final: bool, reading: Reading) -> CallResult:
+        messages, reading = await self.prepare(final, reading)
         self.sent = reading
         self.writer.began = utc_now()  # the reply's time: when its call began, as the route frame says
         self.emit("route", turn_id=self.turn_id, created_at=self.writer.began, **self.route.fields())
@@ -277,10 +295,13 @@ class Turn:
         began = time.monotonic()
         async with aclosing(provider.stream(request)) as events:  # closed at once on stop
             async for event in events:
+                await self.on_event(event, result)
                 if began:  # the call's first event only: one float test per chunk after it
                     waited, began = time.monotonic() - began, 0.0
                     self.rt.metrics.first_event(self.route.provider, self.route.model, waited)
-                await self.on_event(event, result)
+                    # The send loop writes the first chunk now, not once the rest of the reply
+                    # that came with it is handled (a short reply often comes in one read).
+                    await anyio.lowlevel.checkpoint()
         if result.usage is not None:
             await self.account(result.usage, reading)
         if result.finish == "length":
@@ -295,8 +316,8 @@ class Turn:
             step = self.writer.append(event.text)
             if step is Step.JOIN:  # in the transcript at once (snapshots), in the store soon
                 self.session.join_reply(self.writer)
-            elif step is Step.FLUSH:  # saved with every other session's in the flusher's next batch
-                self.rt.flusher.due(self.session.id, self.writer.flush())
+            elif step is Step.FLUSH and not self.session.unsaved:  # after the user's message only
+                self.rt.flusher.due(self.session.id, self.writer.flush())  # in the flusher's next batch
         elif isinstance(event, ThinkingDelta):
             self.emit("thinking", turn_id=self.turn_id, content=event.text)
             self.writer.think(event.text)
@@ -350,11 +371,12 @@ class Turn:
         self.session.settle_reply(message)
         self.anchor_reply(message if not interrupted else None)
         await self.rt.flusher.settle(self.session.id)  # no earlier flush may land after this save
-        if message is None:  # an empty reply was never stored: nothing to keep
-            return
-        self.final_text = "" if message.tool_calls else message.content
-        self.final_at = message.created_at
-        await self.session.save_reply(message)
+        if message is not None:  # an empty reply was never stored: nothing to keep
+            self.final_text = "" if message.tool_calls else message.content
+            self.final_at = message.created_at
+        # The user's message first, if its write has not landed: stored before the turn is done.
+        await self.session.save_reply(*([message] if message is not None else []))
+        await self.session.check_writes()
 
     def anchor_reply(self, message: ChatMessage | None) -> None:
         """Move the route's anchor past the reply just settled, by the provider's count of it: the

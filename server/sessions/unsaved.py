@@ -1,7 +1,8 @@
-"""Replies and notices the store refused (``Session.unsaved``, ``Notices.unsaved``), written again.
+"""Messages and notices the store refused (``Session.unsaved``, ``Notices.unsaved``), written again.
 
-A turn the store failed under keeps its reply in memory. ``UnsavedWriter`` tries it again every
-``UNSAVED_RETRY_SECONDS`` until the store takes it, then tells the session's clients
+A turn the store failed under keeps its reply (and its user's message, when that write failed too)
+in memory. ``UnsavedWriter`` tries them again every ``UNSAVED_RETRY_SECONDS`` until the store takes
+them, then tells the session's clients
 (``store_recovered``); a newer turn writes it first too, so whichever succeeds first empties
 ``unsaved``. At shutdown each session gets one last try.
 """
@@ -44,7 +45,7 @@ class UnsavedWriter:
                     except StoreUnavailable:
                         continue
                     session.emit(server_frame("notice", code="store_recovered", message=(
-                        "the session store is writable again: the reply it refused is now saved")))
+                        "the session store is writable again: what it refused is now saved")))
                 await session.save_notices()  # the turn's error line, refused with the reply
         finally:
             self._retrying.discard(session.id)
