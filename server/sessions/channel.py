@@ -31,6 +31,7 @@ FRAME_LOG_BYTES = 2 * 1024 * 1024  # per session: long enough to resume a long r
 # Per logged text beyond sys.getsizeof: its deque slot (8.25 bytes) and pymalloc's rounding to
 # 16 bytes (7.5 on average); measured with bench/memory.py.
 LOG_ENTRY_OVERHEAD = 16
+ASCII_STR_BYTES = sys.getsizeof("")  # an ASCII str holds this plus one byte per character
 MAX_OUTBOX_BYTES = 8 * 1024 * 1024
 
 Frame = dict[str, Any]
@@ -56,7 +57,10 @@ def serialize_chunk(frame: Frame) -> str:
 
 
 def entry_bytes(text: str) -> int:
-    """What one logged text holds in memory."""
+    """What one logged text holds in memory: ``sys.getsizeof`` of it, computed for an ASCII text
+    (the usual frame) without the call, whose method lookup allocated on every chunk."""
+    if text.isascii():
+        return ASCII_STR_BYTES + len(text) + LOG_ENTRY_OVERHEAD
     return sys.getsizeof(text) + LOG_ENTRY_OVERHEAD
 
 
