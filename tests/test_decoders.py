@@ -115,7 +115,7 @@ def test_sse_decoder_limit_counts_bytes_not_characters() -> None:
     decoder = SSEDecoder(max_line_bytes=12)
     assert decoder.feed("data: ééé\n\n".encode()) == [SSEEvent("message", "ééé")]  # 12 bytes
     with pytest.raises(LineTooLong):
-        decoder.feed("data: ééé!\n\n".encode())  # 10 characters, 13 bytes
+        list(decoder.feed("data: ééé!\n\n".encode()))  # 10 characters, 13 bytes
 
 
 def test_sse_decoder_refuses_an_event_whose_data_lines_never_end() -> None:
@@ -123,4 +123,27 @@ def test_sse_decoder_refuses_an_event_whose_data_lines_never_end() -> None:
     assert decoder.feed(b"data: a\ndata: b\n\n") == [SSEEvent("message", "a\nb")]
     with pytest.raises(LineTooLong, match="an event longer than 64 bytes"):
         for _ in range(100):  # each line is short; the event they make is not
-            decoder.feed(b"data: 0123456789\n")
+            list(decoder.feed(b"data: 0123456789\n"))
+
+
+def test_sse_decoder_delivers_the_events_before_a_long_line_in_the_same_feed() -> None:
+    # A reader that fell behind feeds many events at once: those before the bound still arrive.
+    got: list[SSEEvent] = []
+    with pytest.raises(LineTooLong):
+        got.extend(SSEDecoder(max_line_bytes=16).feed(b"data: a\n\ndata: b\n\ndata: " + b"x" * 20 + b"\n\n"))
+    assert got == [SSEEvent("message", "a"), SSEEvent("message", "b")]
+    got.clear()
+    with pytest.raises(LineTooLong, match="an event"):
+        got.extend(SSEDecoder(max_line_bytes=16).feed(b"data: a\n\n" + b"data: 0123456789\n" * 3))
+    assert got == [SSEEvent("message", "a")]
+
+
+def test_ndjson_decoder_delivers_the_values_before_a_long_line_in_the_same_feed() -> None:
+    got: list[object] = []
+    with pytest.raises(LineTooLong):
+        got.extend(NDJSONDecoder(max_line_bytes=16).feed(b'{"a": 1}\n[2]\n"' + b"x" * 20 + b'"\n'))
+    assert got == [{"a": 1}, [2]]
+    got.clear()
+    with pytest.raises(LineTooLong):  # the unfinished tail is the long one
+        got.extend(NDJSONDecoder(max_line_bytes=16).feed(b'{"a": 1}\n"' + b"x" * 20))
+    assert got == [{"a": 1}]

@@ -3,7 +3,8 @@
 ``FastPool`` is httpcore's ``AsyncConnectionPool`` (so httpx's client, limits, pool timeout and
 keep-alive expiry stay as they are) whose ``create_connection`` returns an ``H1Connection``: one
 TCP (or TLS) connection on asyncio's protocol API that writes each request itself and hands the
-response body on as llhttp cuts it (one piece per chunk of a chunked body, as h11 does).
+response body on as it came: what arrived since the reader last took is one piece (a reader that
+keeps up gets one piece per network read, one that fell behind gets them joined).
 
 Contracts, the same as httpcore's ``AsyncHTTP11Connection`` over ``AsyncHTTPConnection``:
 - errors are httpcore's (``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``, ``ReadError``,
@@ -231,17 +232,16 @@ class H1Connection(httpcore.AsyncConnectionInterface):
             reader.waiter = None
 
     def take(self) -> bytes:
-        """The oldest body piece llhttp handed over; reading resumes below the high water.
-
-        Pieces are not joined: a reader sees the body cut as h11 would cut it (one piece per
-        chunk of a chunked body), so a decoder that fails on a piece has delivered the ones before.
-        """
+        """The body bytes llhttp handed over since the last take, joined (a reader that fell behind
+        gets them in one piece: one pass through the layers above per wake-up, not one per chunk
+        of a chunked body); reading resumes below the high water."""
         reader = self._reader
-        data = reader.body.popleft()
-        reader.size -= len(data)
+        body = reader.body
+        data = body.popleft() if len(body) == 1 else b"".join(body)
+        body.clear()
+        reader.size = 0
         transport = self._transport
-        if reader.size <= HIGH_WATER and transport is not None and not transport.is_reading() \
-                and not transport.is_closing():
+        if transport is not None and not transport.is_reading() and not transport.is_closing():
             transport.resume_reading()
         return data
 

@@ -279,7 +279,7 @@ class Turn:
                 if began:  # the call's first event only: one float test per chunk after it
                     waited, began = time.monotonic() - began, 0.0
                     self.rt.metrics.first_event(self.route.provider, self.route.model, waited)
-                await self.on_event(event, result)
+                self.on_event(event, result)
         if result.usage is not None:
             await self.account(result.usage, reading)
         if result.finish == "length":
@@ -288,7 +288,7 @@ class Turn:
                 f"{self.options.max_output_tokens:,}); the reply is incomplete."))
         return result
 
-    async def on_event(self, event: StreamEvent, result: CallResult) -> None:
+    def on_event(self, event: StreamEvent, result: CallResult) -> None:
         if isinstance(event, TextDelta):  # the hot path: one per streamed piece
             self.session.emit({"type": "chunk", "turn_id": self.turn_id, "content": event.text})
             step = self.writer.append(event.text)
