@@ -1,10 +1,19 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.providers.decoders import LineDecoder, LineTooLong, NDJSONDecoder, SSEDecoder, SSEEvent
+from server.providers.decoders import (
+    LineDecoder,
+    LineTooLong,
+    NDJSONDecoder,
+    SSEDecoder,
+    SSEEvent,
+    parse_json,
+)
 
 STREAM = (
     ": keepalive\n"
@@ -147,3 +156,33 @@ def test_ndjson_decoder_delivers_the_values_before_a_long_line_in_the_same_feed(
     with pytest.raises(LineTooLong):  # the unfinished tail is the long one
         got.extend(NDJSONDecoder(max_line_bytes=16).feed(b'{"a": 1}\n"' + b"x" * 20))
     assert got == [{"a": 1}]
+
+
+def _loads(text: str) -> tuple[str, object]:
+    try:
+        return "value", json.loads(text)
+    except ValueError as exc:
+        return "error", str(exc)
+
+
+def _parsed(text: str) -> tuple[str, object]:
+    try:
+        return "value", parse_json(text)
+    except ValueError as exc:
+        return "error", str(exc)
+
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+                           lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=8)
+
+
+@given(JSON_VALUES, st.sampled_from(["", " ", "\n", "x", ",1", "]"]), st.sampled_from(["", " ", "\t"]))
+def test_parse_json_gives_what_json_loads_gives(value, tail, head) -> None:
+    # The streamed chunk's fast path: the same value or the same error as json.loads, whatever surrounds it.
+    for text in (json.dumps(value), json.dumps(value, separators=(",", ":"), ensure_ascii=False)):
+        assert repr(_parsed(head + text + tail)) == repr(_loads(head + text + tail))
+
+
+@given(st.text(max_size=30))
+def test_parse_json_refuses_what_json_loads_refuses(text) -> None:
+    assert repr(_parsed(text)) == repr(_loads(text))

@@ -19,13 +19,28 @@ right after its last ``data:`` line still delivers it. Invalid UTF-8 becomes U+F
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 DEFAULT_MAX_LINE_BYTES = 1024 * 1024
+
+
+# The C scanner json.loads ends in, called directly: json.loads wraps it in three Python calls and
+# two regex matches per value, a third of the cost of parsing a streamed chunk.
+_scan: Callable[[str, int], tuple[Any, int]] = vars(json.JSONDecoder())["scan_once"]
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads(text)``, the same value or the same error, faster for one compact value (every
+    streamed chunk); anything else (surrounding whitespace, a bad or extra part) goes to json.loads."""
+    try:
+        value, end = _scan(text, 0)
+    except StopIteration:
+        return json.loads(text)
+    return value if end == len(text) else json.loads(text)
 
 
 class LineTooLong(ValueError):
@@ -108,7 +123,7 @@ class SSEEvent:
     retry: int | None = None
 
     def json(self) -> Any:
-        return json.loads(self.data)
+        return parse_json(self.data)
 
 
 class SSEDecoder:
@@ -219,4 +234,4 @@ def _then_raise(items: Iterable[T], exc: Exception) -> Iterator[T]:
 def _parse(lines: list[str]) -> Iterator[Any]:
     for line in lines:
         if line.strip():
-            yield json.loads(line)
+            yield parse_json(line)
