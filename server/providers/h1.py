@@ -130,6 +130,7 @@ class H1Connection(httpcore.AsyncConnectionInterface):
         self._expire_at: float | None = None
         self._requests = 0
         self._transport: asyncio.Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._reader = ResponseReader()
         self._read_deadline = ReadDeadline(self._reader)
         self._connect_failed = False
@@ -220,6 +221,7 @@ class H1Connection(httpcore.AsyncConnectionInterface):
             self._connect_failed = True
             raise
         self._transport = transport
+        self._loop = loop  # asyncio.get_running_loop() is a getpid() system call on 3.11: once here
         for option in self._socket_options or ():
             sock = transport.get_extra_info("socket")
             if sock is not None:
@@ -261,7 +263,7 @@ class H1Connection(httpcore.AsyncConnectionInterface):
 
     async def wait(self, timeout: float | None) -> None:
         """Until the reader has news (bytes, the end, a failure); ``ReadTimeout`` after ``timeout``."""
-        reader, loop = self._reader, asyncio.get_running_loop()
+        reader, loop = self._reader, self._loop or asyncio.get_running_loop()
         waiter = reader.waiter = loop.create_future()
         if timeout is not None:
             self._read_deadline.arm(loop, timeout)
@@ -279,9 +281,11 @@ class H1Connection(httpcore.AsyncConnectionInterface):
         data = body.popleft() if len(body) == 1 else b"".join(body)
         body.clear()
         reader.size = 0
-        transport = self._transport
-        if transport is not None and not transport.is_reading() and not transport.is_closing():
-            transport.resume_reading()
+        if reader.paused:
+            reader.paused = False
+            transport = self._transport
+            if transport is not None and not transport.is_closing():
+                transport.resume_reading()
         return data
 
     async def response_closed(self) -> None:

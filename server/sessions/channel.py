@@ -103,6 +103,7 @@ class Outbox:
         # The writer's wake-up: a bare future, made only while the writer waits (an anyio Event per
         # wake-up, set on every push, was a twentieth of the server's CPU at 100 paced sessions).
         self._waiter: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # get_running_loop() is a getpid() on 3.11
         self.overflow = anyio.Event()
         self.ending: str | None = None  # why the socket closes on purpose once what is queued is sent
 
@@ -139,7 +140,8 @@ class Outbox:
 
     async def wait(self) -> None:
         while not self.frames and self.ending is None:
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            loop = self._loop = self._loop or asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
             try:
                 await waiter
             finally:

@@ -47,6 +47,8 @@ class ConnState(enum.Enum):
 def coalesce(packets: list[Packet]) -> list[Packet]:
     """Join runs of chunk packets of one turn into one frame carrying the last seq (a run of one
     leaves as it came: its text is the one the channel serialized)."""
+    if len(packets) == 1:  # a server that keeps up: one packet per wake-up
+        return packets
     joined: list[Packet] = []
     run: list[Packet] = []
     for packet in packets:
