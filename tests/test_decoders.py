@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -186,3 +187,23 @@ def test_parse_json_gives_what_json_loads_gives(value, tail, head) -> None:
 @given(st.text(max_size=30))
 def test_parse_json_refuses_what_json_loads_refuses(text) -> None:
     assert repr(_parsed(text)) == repr(_loads(text))
+
+
+SSE_EVENTS = st.lists(st.tuples(st.sampled_from(["", "event: delta\n", "id: 9\n", "retry: 20\n", ": hi\n"]),
+                                st.text(alphabet=st.characters(blacklist_characters="\r\n"), max_size=20)),
+                      max_size=8)
+
+
+@given(SSE_EVENTS, st.sampled_from([16, 1024]))
+def test_sse_decoder_one_event_per_feed_gives_what_one_feed_of_all_gives(events, limit) -> None:
+    # One event per feed takes the single-line fast path where it can; fed whole, the line decoder.
+    parts = [(head + f"data: {text}\n\n").encode() for head, text in events]
+    one_by_one: list[object] = []
+    with contextlib.suppress(LineTooLong):
+        decoder = SSEDecoder(max_line_bytes=limit)
+        for part in parts:
+            one_by_one.extend(decoder.feed(part))
+    whole: list[object] = []
+    with contextlib.suppress(LineTooLong):
+        whole.extend(SSEDecoder(max_line_bytes=limit).feed(b"".join(parts)))
+    assert one_by_one == whole

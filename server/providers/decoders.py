@@ -60,6 +60,11 @@ class LineDecoder:
         # A chunk ending in "\r" has ended its line; a "\n" opening the next chunk belongs to it.
         self._skip_lf = False
 
+    @property
+    def idle(self) -> bool:
+        """No unfinished line is kept: the next byte begins a line."""
+        return not self._pending and not self._skip_lf
+
     def feed(self, data: bytes) -> list[str]:
         if self._skip_lf and data:
             self._skip_lf = False
@@ -141,6 +146,9 @@ class SSEDecoder:
     def feed(self, data: bytes) -> Iterable[SSEEvent]:
         """The events ``data`` completed; past a bound, the events before it, then ``LineTooLong``
         (one feed may hold many events: those before the long line or event are delivered)."""
+        single = self._single(data)
+        if single is not None:
+            return [single]
         failure: LineTooLong | None = None
         try:
             lines = self._lines.feed(data)
@@ -152,6 +160,17 @@ class SSEDecoder:
         except LineTooLong as exc:  # an event's data past the bound, before any long line
             failure = exc
         return events if failure is None else _then_raise(events, failure)
+
+    def _single(self, data: bytes) -> SSEEvent | None:
+        """The event of a feed that is exactly one ``data:`` line and the blank line after it, fed
+        between two events (what a provider that is read as fast as it writes sends in each
+        read), decoded without the line machinery; None for anything else."""
+        size = len(data) - 2
+        if data.startswith(b"data: ") and data.endswith(b"\n\n") and data.find(b"\n") == size \
+                and size <= self._max and b"\r" not in data and not self._data and not self._event \
+                and self._lines.idle:
+            return SSEEvent("message", data[6:size].decode("utf-8", "replace"), self._id, self._retry)
+        return None
 
     def flush(self) -> list[SSEEvent]:
         events: list[SSEEvent] = []
