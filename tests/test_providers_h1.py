@@ -18,7 +18,7 @@ import anyio.abc
 import httpx
 import pytest
 
-from server.providers.h1 import FastPool, H1Connection
+from server.providers.h1 import BODY, FastPool, H1Body, H1Connection
 from server.providers.h1_parse import MAX_OVERHEAD
 from server.providers.transport import build_transport
 from tests.support import run_server
@@ -270,6 +270,22 @@ async def test_the_read_timeout_bounds_each_wait_not_the_whole_body():
                     last = time.monotonic()
         ended = time.monotonic()
     assert b"".join(got) == parts(8) and last - began > 0.4 and ended - last >= 0.19
+
+
+async def test_the_body_read_past_httpx_wrappers_is_the_same_body_with_httpx_errors():
+    # _http.py reads a provider's body through H1Body.parts (named in the response's extensions).
+    clients: list[Any] = []
+    with run_server(parts_app(clients)) as running:
+        async with fast_client(read=0.2) as http:
+            async with http.stream("GET", f"{running.url}/?parts=5") as response:
+                body = response.extensions[BODY]
+                assert isinstance(body, H1Body)
+                assert b"".join([part async for part in body.parts()]) == parts(5)
+            async with http.stream("GET", f"{running.url}/?stall=1") as response:
+                with pytest.raises(httpx.ReadTimeout):
+                    [part async for part in response.extensions[BODY].parts()]
+            assert await streamed(http, f"{running.url}/?parts=1") == parts(1)
+    assert len(set(clients)) == 2  # the first connection went back to the pool; the stalled one not
 
 
 async def test_a_refused_connection_is_a_connect_error():

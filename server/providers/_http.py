@@ -32,6 +32,7 @@ from server.errors import ProtocolError, ProviderError
 from server.providers.base import ProviderRequest, StreamEvent, TextDelta, TokenCount
 from server.providers.budget import ReplyBudget
 from server.providers.decoders import LineTooLong
+from server.providers.h1 import BODY, H1Body
 from server.providers.redact import redact, short_message
 from server.providers.text import TextGuard
 from server.providers.translate import (
@@ -274,9 +275,10 @@ def joined(texts: list[TextDelta]) -> TextDelta:
 
 def _body_bytes(response: httpx.Response) -> AsyncIterator[bytes]:
     # Without a content-encoding the decoded body is the raw body: skip httpx's decoder and
-    # re-chunker, two generator hops per network read.
+    # re-chunker, two generator hops per network read; on h1's connections, its stream wrappers too.
     if response.headers.get("content-encoding", "identity") == "identity":
-        return response.aiter_raw()
+        body = response.extensions.get(BODY)
+        return body.parts() if isinstance(body, H1Body) else response.aiter_raw()
     return response.aiter_bytes()
 
 

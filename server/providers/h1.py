@@ -30,10 +30,14 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from typing import Any
 
 import httpcore
+from httpx._transports.default import map_httpcore_exceptions
 
 from server.providers.h1_parse import HIGH_WATER, ResponseReader
 
 _WRITE_BATCH = 64 * 1024
+# The response extension naming its ``H1Body`` (httpcore's pool and httpx's transport pass a
+# response's extensions on), for a reader that iterates ``H1Body.parts`` directly.
+BODY = "meterchat.h1_body"
 _BAD_FIELD = re.compile(rb"[\r\n\x00]")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
@@ -192,10 +196,10 @@ class H1Connection(httpcore.AsyncConnectionInterface):
             await self.aclose()
             raise
         reader = self._reader
+        body = H1Body(self, timeouts.get("read"))
         return httpcore.Response(
-            status=reader.status, headers=reader.headers,
-            content=H1Body(self, timeouts.get("read")),
-            extensions={"http_version": reader.http_version, "reason_phrase": reader.reason})
+            status=reader.status, headers=reader.headers, content=body,
+            extensions={"http_version": reader.http_version, "reason_phrase": reader.reason, BODY: body})
 
     # connecting, writing, reading the head
 
@@ -321,6 +325,14 @@ class H1Body:
             await self.aclose()
             raise
 
+    async def parts(self) -> AsyncIterator[bytes]:
+        """The body as httpx's ``response.aiter_raw()`` gives it, past the four generators httpx
+        and httpcore wrap around it (a hop each per piece); failures become httpx's errors as
+        httpx maps them. Closing stays httpx's: ``response.aclose()`` reaches this body."""
+        with map_httpcore_exceptions():
+            async for part in self:
+                yield part
+
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
@@ -334,4 +346,4 @@ class FastPool(httpcore.AsyncConnectionPool):
         return H1Connection(origin, self._ssl_context, self._keepalive_expiry, self._socket_options)
 
 
-__all__ = ["HIGH_WATER", "FastPool", "H1Body", "H1Connection", "request_head"]
+__all__ = ["BODY", "HIGH_WATER", "FastPool", "H1Body", "H1Connection", "request_head"]
