@@ -15,6 +15,8 @@ Contracts, the same as httpcore's ``AsyncHTTP11Connection`` over ``AsyncHTTPConn
   keep-alive; a response closed early, or any failure, closes it;
 - ``has_expired`` is true past ``keepalive_expiry`` of idleness, or when an idle connection's peer
   closed it or sent anything.
+``H1Body.parts`` (the response names its body in its extensions under ``BODY``) reads the body
+past httpx's and httpcore's stream wrappers, its errors mapped to httpx's as httpx maps them.
 Only HTTP/1.1 is spoken (ALPN offers nothing else); no trace extension, no upgrade, no CONNECT:
 with a proxy in the environment ``transport.build_transport`` keeps httpx's default transport.
 """

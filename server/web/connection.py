@@ -245,9 +245,10 @@ class Connection:
         direct = self.ws.scope.get("extensions", {}).get(SEND_TEXTS)
         try:
             while True:
-                await outbox.wait()
-                if not outbox.frames:  # ended, and everything before the end is sent
-                    return
+                if not outbox.frames:  # a writer that fell behind finds frames and does not wait
+                    await outbox.wait()
+                    if not outbox.frames:  # ended, and everything before the end is sent
+                        return
                 if self.coalesce_seconds and outbox.frames[0].frame is not None:
                     await anyio.sleep(self.coalesce_seconds)
                 # Adaptive: chunks that piled up while the loop was busy leave as one frame.
