@@ -97,11 +97,19 @@ SAMPLE = [  # (stack, samples), outermost frame first, as py-spy's raw format ha
     ([LOOP, RUN, "Response.aiter_raw (httpx/_models.py:990)", "read (h11/_readers.py:100)"], 5),
     ([LOOP, "Connection.send_loop (server/web/connection.py:240)", "send (websockets/protocol.py:300)"], 2),
     ([LOOP], 4),
+    ([LOOP, RUN, "FrameLog.append (server/sessions/channel.py:149)", "sys_getsizeof (libpython3.11.so.1.0)",
+      "gc_collect_main (libpython3.11.so.1.0)"], 2),
+    ([LOOP, RUN, "SSEEvent.json (server/providers/decoders.py:111)", "scanner_call (_json.c:1215)"], 1),
 ]
 
 
 def layer_of(stack: list[str]) -> str:
+    if any("gc_collect" in frame for frame in stack):  # --native: CPython's cyclic collector
+        return "cyclic garbage collector (--native)"
     leaf = stack[-1]
+    while is_native(leaf) and len(stack) > 1:  # --native: a C frame counts for the Python one above it
+        stack = stack[:-1]
+        leaf = stack[-1]
     if "asyncio/runners.py" in leaf or "uvloop" in leaf:  # uvloop's C loop runs under Runner.run
         return "event loop (uvloop: epoll, callbacks, transports)"
     for name, needles in LAYERS:
@@ -133,6 +141,12 @@ def steps(name: str, path: Path) -> str:
     lines = [f"\n{name}: {total} samples after start-up (idle worker threads left out), by step of a turn"]
     lines += [f"  {share * 100 / total:5.1f} %  {step}" for step, share in shares.most_common()]
     return "\n".join(lines)
+
+
+def is_native(frame: str) -> bool:
+    """A C frame of a --native profile: "function (libpython3.11.so.1.0)", "function (loop.c:123)"."""
+    where = frame.rsplit("(", 1)[-1]
+    return ".so" in where or ".c:" in where or ".h:" in where
 
 
 def read_raw(path: Path) -> list[tuple[list[str], int]]:
@@ -189,6 +203,8 @@ def main() -> None:
     parser.add_argument("--after", type=float, default=5, help="seconds after a server starts to begin")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--pin", action="store_true")
+    parser.add_argument("--native", action="store_true", help="py-spy --native: C frames too (the cyclic "
+                        "garbage collector appears only so); pauses the server at each sample")
     parser.add_argument("--out", type=Path, help="where the raw stacks go (default: a temporary dir)")
     parser.add_argument("--summarize", nargs="+", type=Path, help="only summarize these raw files")
     parser.add_argument("--steps", action="store_true", help="also the samples by step of a turn (for "
@@ -227,7 +243,8 @@ def main() -> None:
             raw = out / f"{path}-{pid}.txt"
             recorders.append((path, raw, subprocess.Popen(
                 [spy, "record", "--pid", str(pid), "--duration", str(int(args.record)), "--rate",
-                 str(args.rate), "--format", "raw", "--nonblocking", "--output", str(raw)],
+                 str(args.rate), "--format", "raw", "--native" if args.native else "--nonblocking",
+                 "--output", str(raw)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
         time.sleep(0.2)
     for path, raw, recorder in recorders:

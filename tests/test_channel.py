@@ -1,11 +1,20 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.sessions.channel import FrameChannel, FrameLog, Outbox, Packet, entry_bytes, serialize
+from server.sessions.channel import (
+    LOG_ENTRY_OVERHEAD,
+    FrameChannel,
+    FrameLog,
+    Outbox,
+    Packet,
+    entry_bytes,
+    serialize,
+)
 from server.sessions.events import EventBus
 
 
@@ -118,6 +127,14 @@ def test_frame_log_counts_what_its_texts_hold_and_forgets_across_a_gap():
     assert log.bytes == sum(entry_bytes(serialize(chunk(seq))) for seq in (1, 2, 3))
     log_chunk(log, 7)  # a gap: 4..6 were never logged, so nothing before 7 can be replayed
     assert len(log) == 1 and log.after(2) is None and [p.seq for p in log.after(6)] == [7]
+
+
+@given(st.text())
+def test_a_logged_text_counts_what_sys_getsizeof_says_it_holds(text):
+    # ASCII texts are counted without calling sys.getsizeof (the hot path): the same figure.
+    assert entry_bytes(text) == sys.getsizeof(text) + LOG_ENTRY_OVERHEAD
+    assert entry_bytes(text.encode("ascii", "replace").decode()) == \
+        sys.getsizeof(text.encode("ascii", "replace").decode()) + LOG_ENTRY_OVERHEAD
 
 
 @given(st.text(), st.text(), st.integers(min_value=0, max_value=2**70))

@@ -1,10 +1,20 @@
 from __future__ import annotations
 
+import contextlib
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.providers.decoders import LineDecoder, LineTooLong, NDJSONDecoder, SSEDecoder, SSEEvent
+from server.providers.decoders import (
+    LineDecoder,
+    LineTooLong,
+    NDJSONDecoder,
+    SSEDecoder,
+    SSEEvent,
+    parse_json,
+)
 
 STREAM = (
     ": keepalive\n"
@@ -115,7 +125,7 @@ def test_sse_decoder_limit_counts_bytes_not_characters() -> None:
     decoder = SSEDecoder(max_line_bytes=12)
     assert decoder.feed("data: ééé\n\n".encode()) == [SSEEvent("message", "ééé")]  # 12 bytes
     with pytest.raises(LineTooLong):
-        decoder.feed("data: ééé!\n\n".encode())  # 10 characters, 13 bytes
+        list(decoder.feed("data: ééé!\n\n".encode()))  # 10 characters, 13 bytes
 
 
 def test_sse_decoder_refuses_an_event_whose_data_lines_never_end() -> None:
@@ -123,4 +133,77 @@ def test_sse_decoder_refuses_an_event_whose_data_lines_never_end() -> None:
     assert decoder.feed(b"data: a\ndata: b\n\n") == [SSEEvent("message", "a\nb")]
     with pytest.raises(LineTooLong, match="an event longer than 64 bytes"):
         for _ in range(100):  # each line is short; the event they make is not
-            decoder.feed(b"data: 0123456789\n")
+            list(decoder.feed(b"data: 0123456789\n"))
+
+
+def test_sse_decoder_delivers_the_events_before_a_long_line_in_the_same_feed() -> None:
+    # A reader that fell behind feeds many events at once: those before the bound still arrive.
+    got: list[SSEEvent] = []
+    with pytest.raises(LineTooLong):
+        got.extend(SSEDecoder(max_line_bytes=16).feed(b"data: a\n\ndata: b\n\ndata: " + b"x" * 20 + b"\n\n"))
+    assert got == [SSEEvent("message", "a"), SSEEvent("message", "b")]
+    got.clear()
+    with pytest.raises(LineTooLong, match="an event"):
+        got.extend(SSEDecoder(max_line_bytes=16).feed(b"data: a\n\n" + b"data: 0123456789\n" * 3))
+    assert got == [SSEEvent("message", "a")]
+
+
+def test_ndjson_decoder_delivers_the_values_before_a_long_line_in_the_same_feed() -> None:
+    got: list[object] = []
+    with pytest.raises(LineTooLong):
+        got.extend(NDJSONDecoder(max_line_bytes=16).feed(b'{"a": 1}\n[2]\n"' + b"x" * 20 + b'"\n'))
+    assert got == [{"a": 1}, [2]]
+    got.clear()
+    with pytest.raises(LineTooLong):  # the unfinished tail is the long one
+        got.extend(NDJSONDecoder(max_line_bytes=16).feed(b'{"a": 1}\n"' + b"x" * 20))
+    assert got == [{"a": 1}]
+
+
+def _loads(text: str) -> tuple[str, object]:
+    try:
+        return "value", json.loads(text)
+    except ValueError as exc:
+        return "error", str(exc)
+
+
+def _parsed(text: str) -> tuple[str, object]:
+    try:
+        return "value", parse_json(text)
+    except ValueError as exc:
+        return "error", str(exc)
+
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+                           lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=8)
+
+
+@given(JSON_VALUES, st.sampled_from(["", " ", "\n", "x", ",1", "]"]), st.sampled_from(["", " ", "\t"]))
+def test_parse_json_gives_what_json_loads_gives(value, tail, head) -> None:
+    # The streamed chunk's fast path: the same value or the same error as json.loads, whatever surrounds it.
+    for text in (json.dumps(value), json.dumps(value, separators=(",", ":"), ensure_ascii=False)):
+        assert repr(_parsed(head + text + tail)) == repr(_loads(head + text + tail))
+
+
+@given(st.text(max_size=30))
+def test_parse_json_refuses_what_json_loads_refuses(text) -> None:
+    assert repr(_parsed(text)) == repr(_loads(text))
+
+
+SSE_EVENTS = st.lists(st.tuples(st.sampled_from(["", "event: delta\n", "id: 9\n", "retry: 20\n", ": hi\n"]),
+                                st.text(alphabet=st.characters(blacklist_characters="\r\n"), max_size=20)),
+                      max_size=8)
+
+
+@given(SSE_EVENTS, st.sampled_from([16, 1024]))
+def test_sse_decoder_one_event_per_feed_gives_what_one_feed_of_all_gives(events, limit) -> None:
+    # One event per feed takes the single-line fast path where it can; fed whole, the line decoder.
+    parts = [(head + f"data: {text}\n\n").encode() for head, text in events]
+    one_by_one: list[object] = []
+    with contextlib.suppress(LineTooLong):
+        decoder = SSEDecoder(max_line_bytes=limit)
+        for part in parts:
+            one_by_one.extend(decoder.feed(part))
+    whole: list[object] = []
+    with contextlib.suppress(LineTooLong):
+        whole.extend(SSEDecoder(max_line_bytes=limit).feed(b"".join(parts)))
+    assert one_by_one == whole

@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import ssl
 import subprocess
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,7 +18,7 @@ import anyio.abc
 import httpx
 import pytest
 
-from server.providers.h1 import FastPool, H1Connection
+from server.providers.h1 import BODY, FastPool, H1Body, H1Connection
 from server.providers.h1_parse import MAX_OVERHEAD
 from server.providers.transport import build_transport
 from tests.support import run_server
@@ -246,6 +247,45 @@ async def test_silence_after_the_head_is_a_read_timeout_and_the_connection_is_dr
                 await streamed(http, f"{running.url}/?stall=1")
             assert await streamed(http, f"{running.url}/?parts=1") == parts(1)
     assert len(set(clients)) == 2
+
+
+async def test_the_read_timeout_bounds_each_wait_not_the_whole_body():
+    # One timer per connection, moved as each wait begins: a body paced faster than the timeout
+    # runs past it in all, then silence times out one timeout after the last piece.
+    async def paced(stream: anyio.abc.SocketStream) -> None:
+        await read_request(stream)
+        await stream.send(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for n in range(8):
+            await anyio.sleep(0.06)  # the pace is the subject: 8 x 0.06 s outlasts the 0.2 s timeout
+            await stream.send(b"a\r\n" + f"part {n:04d}\n".encode() + b"\r\n")
+        await anyio.sleep_forever()
+
+    got: list[bytes] = []
+    async with raw_server(paced) as (url, _), fast_client(read=0.2) as http:
+        began = time.monotonic()
+        with anyio.fail_after(5), pytest.raises(httpx.ReadTimeout):  # a timer never re-armed: no hang
+            async with http.stream("GET", url) as response:
+                async for part in response.aiter_raw():
+                    got.append(part)
+                    last = time.monotonic()
+        ended = time.monotonic()
+    assert b"".join(got) == parts(8) and last - began > 0.4 and ended - last >= 0.19
+
+
+async def test_the_body_read_past_httpx_wrappers_is_the_same_body_with_httpx_errors():
+    # _http.py reads a provider's body through H1Body.parts (named in the response's extensions).
+    clients: list[Any] = []
+    with run_server(parts_app(clients)) as running:
+        async with fast_client(read=0.2) as http:
+            async with http.stream("GET", f"{running.url}/?parts=5") as response:
+                body = response.extensions[BODY]
+                assert isinstance(body, H1Body)
+                assert b"".join([part async for part in body.parts()]) == parts(5)
+            async with http.stream("GET", f"{running.url}/?stall=1") as response:
+                with pytest.raises(httpx.ReadTimeout):
+                    [part async for part in response.extensions[BODY].parts()]
+            assert await streamed(http, f"{running.url}/?parts=1") == parts(1)
+    assert len(set(clients)) == 2  # the first connection went back to the pool; the stalled one not
 
 
 async def test_a_refused_connection_is_a_connect_error():

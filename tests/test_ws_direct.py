@@ -7,10 +7,13 @@ from typing import Any
 
 import anyio
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from websockets.asyncio.client import connect
+from websockets.frames import Frame, Opcode
 
 from server.web.app import create_app
-from server.web.ws_guard import SEND_TEXTS, LingeringWebSocketProtocol
+from server.web.ws_guard import SEND_TEXTS, LingeringWebSocketProtocol, text_frame_head
 from tests.support import client, run_server, settings_for, text_of
 
 pytestmark = pytest.mark.anyio
@@ -70,3 +73,36 @@ async def test_the_extension_is_offered_only_by_meterchats_protocol():
                 with anyio.fail_after(5):
                     _ = [message async for message in ws]
     assert seen == [True, False]
+
+
+SIZES = (0, 1, 125, 126, 127, 65535, 65536, 70000)
+
+
+def sizes_app() -> Any:
+    """Sends one frame of each of ``SIZES`` bytes (the frame head's three length forms, each side of
+    each bound; non-ASCII in the larger ones) in one ``send_texts`` call, then closes."""
+    async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            return
+        await receive()
+        await send({"type": "websocket.accept"})
+        await scope["extensions"][SEND_TEXTS]([sized(n) for n in SIZES])
+        await send({"type": "websocket.close", "code": 1000})
+    return asgi
+
+
+def sized(n: int) -> str:
+    return ("é" * (n // 2) + "x" * (n % 2)) if n > 200 else "x" * n
+
+
+async def test_frames_of_every_length_form_arrive_whole():
+    with run_server(sizes_app(), ws=LingeringWebSocketProtocol) as running:
+        async with connect(f"ws://{running.address}/", max_size=None) as ws:
+            got = [message async for message in ws]
+    assert got == [sized(n) for n in SIZES]
+
+
+@given(st.integers(min_value=0, max_value=2**20))
+def test_a_text_frame_head_is_what_websockets_writes(size):
+    data = b"x" * size
+    assert text_frame_head(size) + data == Frame(Opcode.TEXT, data).serialize(mask=False, extensions=[])

@@ -29,9 +29,10 @@ import httpx
 
 from server.config.settings import ProviderProfile
 from server.errors import ProtocolError, ProviderError
-from server.providers.base import ProviderRequest, StreamEvent, TokenCount
+from server.providers.base import ProviderRequest, StreamEvent, TextDelta, TokenCount
 from server.providers.budget import ReplyBudget
 from server.providers.decoders import LineTooLong
+from server.providers.h1 import BODY, H1Body
 from server.providers.redact import redact, short_message
 from server.providers.text import TextGuard
 from server.providers.translate import (
@@ -188,28 +189,24 @@ class HttpProvider:
                 chunks = _body_bytes(response)
                 last_event = time.monotonic()
                 async for chunk in chunks:
-                    seen = False
-                    for event in decoder.feed(chunk):
-                        seen = True
-                        for item in state.handle(event):
-                            for out in guard.events(item):
-                                yield out
-                        if state.done:
-                            break
+                    events, seen, failure = read_events(decoder.feed(chunk), state, guard)
+                    for out in events:
+                        yield out
+                    if failure is not None:
+                        raise failure
                     if state.done:
                         break
-                    # Checked per chunk, not per event: a keep-alive is a chunk with no event.
+                    # Checked per read, not per event: a keep-alive is a read with no event.
                     if seen:
                         last_event = time.monotonic()
                     elif time.monotonic() - last_event > idle:
                         raise idle_too_long(alias, idle)
                 else:
-                    for event in decoder.flush():
-                        for item in state.handle(event):
-                            for out in guard.events(item):
-                                yield out
-                        if state.done:
-                            break
+                    events, _, failure = read_events(decoder.flush(), state, guard)
+                    for out in events:
+                        yield out
+                    if failure is not None:
+                        raise failure
                 if state.done:
                     await _drain(chunks)
                     return
@@ -239,11 +236,49 @@ class HttpProvider:
             await self._client.aclose()
 
 
+def read_events(decoded: Iterable[Any], state: StreamState, guard: TextGuard
+                ) -> tuple[list[StreamEvent], bool, Exception | None]:
+    """The events of one network read, the text deltas that follow each other joined into one (a
+    read carries several only when the server fell behind the provider: the turn then emits one
+    chunk frame for them, not one each); whether the decoder found any event (a keep-alive has
+    none); and the failure that stopped the read, raised by the caller after the events before it,
+    so the text that came before a bad part or the reply's bound is kept."""
+    events: list[StreamEvent] = []
+    texts: list[TextDelta] = []
+    seen = False
+    try:
+        for event in decoded:
+            seen = True
+            for item in state.handle(event):
+                for out in guard.events(item):
+                    if type(out) is TextDelta:
+                        texts.append(out)
+                        continue
+                    if texts:
+                        events.append(joined(texts))
+                        texts = []
+                    events.append(out)
+            if state.done:
+                break
+    except Exception as exc:  # raised again by the caller, after the events that came before it
+        failure: Exception | None = exc
+    else:
+        failure = None
+    if texts:
+        events.append(joined(texts))
+    return events, seen, failure
+
+
+def joined(texts: list[TextDelta]) -> TextDelta:
+    return texts[0] if len(texts) == 1 else TextDelta("".join(delta.text for delta in texts))
+
+
 def _body_bytes(response: httpx.Response) -> AsyncIterator[bytes]:
     # Without a content-encoding the decoded body is the raw body: skip httpx's decoder and
-    # re-chunker, two generator hops per network read.
+    # re-chunker, two generator hops per network read; on h1's connections, its stream wrappers too.
     if response.headers.get("content-encoding", "identity") == "identity":
-        return response.aiter_raw()
+        body = response.extensions.get(BODY)
+        return body.parts() if isinstance(body, H1Body) else response.aiter_raw()
     return response.aiter_bytes()
 
 

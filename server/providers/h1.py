@@ -3,7 +3,8 @@
 ``FastPool`` is httpcore's ``AsyncConnectionPool`` (so httpx's client, limits, pool timeout and
 keep-alive expiry stay as they are) whose ``create_connection`` returns an ``H1Connection``: one
 TCP (or TLS) connection on asyncio's protocol API that writes each request itself and hands the
-response body on as llhttp cuts it (one piece per chunk of a chunked body, as h11 does).
+response body on as it came: what arrived since the reader last took is one piece (a reader that
+keeps up gets one piece per network read, one that fell behind gets them joined).
 
 Contracts, the same as httpcore's ``AsyncHTTP11Connection`` over ``AsyncHTTPConnection``:
 - errors are httpcore's (``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``, ``ReadError``,
@@ -14,6 +15,8 @@ Contracts, the same as httpcore's ``AsyncHTTP11Connection`` over ``AsyncHTTPConn
   keep-alive; a response closed early, or any failure, closes it;
 - ``has_expired`` is true past ``keepalive_expiry`` of idleness, or when an idle connection's peer
   closed it or sent anything.
+``H1Body.parts`` (the response names its body in its extensions under ``BODY``) reads the body
+past httpx's and httpcore's stream wrappers, its errors mapped to httpx's as httpx maps them.
 Only HTTP/1.1 is spoken (ALPN offers nothing else); no trace extension, no upgrade, no CONNECT:
 with a proxy in the environment ``transport.build_transport`` keeps httpx's default transport.
 """
@@ -29,10 +32,14 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from typing import Any
 
 import httpcore
+from httpx._transports.default import map_httpcore_exceptions
 
 from server.providers.h1_parse import HIGH_WATER, ResponseReader
 
 _WRITE_BATCH = 64 * 1024
+# The response extension naming its ``H1Body`` (httpcore's pool and httpx's transport pass a
+# response's extensions on), for a reader that iterates ``H1Body.parts`` directly.
+BODY = "meterchat.h1_body"
 _BAD_FIELD = re.compile(rb"[\r\n\x00]")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
@@ -58,6 +65,41 @@ async def _wait(future: asyncio.Future[None], timeout: float | None, error: type
     finally:
         if timer is not None:
             timer.cancel()
+
+
+class ReadDeadline:
+    """The read timeout of one connection's waits with one timer, moved lazily: each wait sets the
+    deadline; the timer, firing before the deadline a later wait set, re-arms for it. (A stream
+    waits once per chunk: a timer armed and cancelled per wait was a twentieth of the server's
+    CPU at 100 paced sessions.)"""
+
+    def __init__(self, reader: ResponseReader) -> None:
+        self._reader = reader
+        self._timer: asyncio.TimerHandle | None = None
+        self._at = 0.0  # when the armed timer fires
+        self._deadline = 0.0  # when the current wait times out
+
+    def arm(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+        self._deadline = deadline = loop.time() + timeout
+        if self._timer is not None and self._at <= deadline:
+            return  # it fires first and moves on to this deadline
+        self.cancel()
+        self._at, self._timer = deadline, loop.call_at(deadline, self._fire, loop)
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        waiter = self._reader.waiter
+        if waiter is None or waiter.done():
+            return  # no wait now; the next one arms again
+        if loop.time() >= self._deadline:
+            waiter.set_exception(httpcore.ReadTimeout("timed out"))
+        else:
+            self._at, self._timer = self._deadline, loop.call_at(self._deadline, self._fire, loop)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 def request_head(request: httpcore.Request) -> bytes:
@@ -94,7 +136,9 @@ class H1Connection(httpcore.AsyncConnectionInterface):
         self._expire_at: float | None = None
         self._requests = 0
         self._transport: asyncio.Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._reader = ResponseReader()
+        self._read_deadline = ReadDeadline(self._reader)
         self._connect_failed = False
 
     # the pool's interface
@@ -128,6 +172,7 @@ class H1Connection(httpcore.AsyncConnectionInterface):
 
     async def aclose(self) -> None:
         self._state = _State.CLOSED
+        self._read_deadline.cancel()
         if self._transport is not None:
             self._transport.close()
 
@@ -153,10 +198,10 @@ class H1Connection(httpcore.AsyncConnectionInterface):
             await self.aclose()
             raise
         reader = self._reader
+        body = H1Body(self, timeouts.get("read"))
         return httpcore.Response(
-            status=reader.status, headers=reader.headers,
-            content=H1Body(self, timeouts.get("read")),
-            extensions={"http_version": reader.http_version, "reason_phrase": reader.reason})
+            status=reader.status, headers=reader.headers, content=body,
+            extensions={"http_version": reader.http_version, "reason_phrase": reader.reason, BODY: body})
 
     # connecting, writing, reading the head
 
@@ -182,6 +227,7 @@ class H1Connection(httpcore.AsyncConnectionInterface):
             self._connect_failed = True
             raise
         self._transport = transport
+        self._loop = loop  # asyncio.get_running_loop() is a getpid() system call on 3.11: once here
         for option in self._socket_options or ():
             sock = transport.get_extra_info("socket")
             if sock is not None:
@@ -223,26 +269,29 @@ class H1Connection(httpcore.AsyncConnectionInterface):
 
     async def wait(self, timeout: float | None) -> None:
         """Until the reader has news (bytes, the end, a failure); ``ReadTimeout`` after ``timeout``."""
-        reader = self._reader
-        reader.waiter = asyncio.get_running_loop().create_future()
+        reader, loop = self._reader, self._loop or asyncio.get_running_loop()
+        waiter = reader.waiter = loop.create_future()
+        if timeout is not None:
+            self._read_deadline.arm(loop, timeout)
         try:
-            await _wait(reader.waiter, timeout, httpcore.ReadTimeout)
+            await waiter
         finally:
             reader.waiter = None
 
     def take(self) -> bytes:
-        """The oldest body piece llhttp handed over; reading resumes below the high water.
-
-        Pieces are not joined: a reader sees the body cut as h11 would cut it (one piece per
-        chunk of a chunked body), so a decoder that fails on a piece has delivered the ones before.
-        """
+        """The body bytes llhttp handed over since the last take, joined (a reader that fell behind
+        gets them in one piece: one pass through the layers above per wake-up, not one per chunk
+        of a chunked body); reading resumes below the high water."""
         reader = self._reader
-        data = reader.body.popleft()
-        reader.size -= len(data)
-        transport = self._transport
-        if reader.size <= HIGH_WATER and transport is not None and not transport.is_reading() \
-                and not transport.is_closing():
-            transport.resume_reading()
+        body = reader.body
+        data = body.popleft() if len(body) == 1 else b"".join(body)
+        body.clear()
+        reader.size = 0
+        if reader.paused:
+            reader.paused = False
+            transport = self._transport
+            if transport is not None and not transport.is_closing():
+                transport.resume_reading()
         return data
 
     async def response_closed(self) -> None:
@@ -278,6 +327,14 @@ class H1Body:
             await self.aclose()
             raise
 
+    async def parts(self) -> AsyncIterator[bytes]:
+        """The body as httpx's ``response.aiter_raw()`` gives it, past the four generators httpx
+        and httpcore wrap around it (a hop each per piece); failures become httpx's errors as
+        httpx maps them. Closing stays httpx's: ``response.aclose()`` reaches this body."""
+        with map_httpcore_exceptions():
+            async for part in self:
+                yield part
+
     async def aclose(self) -> None:
         if not self._closed:
             self._closed = True
@@ -291,4 +348,4 @@ class FastPool(httpcore.AsyncConnectionPool):
         return H1Connection(origin, self._ssl_context, self._keepalive_expiry, self._socket_options)
 
 
-__all__ = ["HIGH_WATER", "FastPool", "H1Body", "H1Connection", "request_head"]
+__all__ = ["BODY", "HIGH_WATER", "FastPool", "H1Body", "H1Connection", "request_head"]

@@ -77,6 +77,7 @@ class ResponseReader(WriteFlow):
         self.keep_alive = False
         self.body: deque[bytes] = deque()
         self.size = 0
+        self.paused = False  # reading paused above HIGH_WATER
         self._head_only = head_only
         self._until_eof = False
         self._overhead = 0
@@ -116,6 +117,7 @@ class ResponseReader(WriteFlow):
             self._bound(len(data) - self._body_fed)
         if self.size > HIGH_WATER and self.transport is not None:
             self.transport.pause_reading()
+            self.paused = True  # the taker resumes it (h1.py); a flag, not a transport call per take
         self._wake()
 
     def eof_received(self) -> bool:

@@ -53,7 +53,7 @@ class SurrogateJoiner:
     def text(self, delta: str) -> str:
         if self.high:
             delta, self.high = self.high + delta, ""
-        if not _SURROGATE.search(delta):
+        if delta.isascii() or not _SURROGATE.search(delta):  # isascii reads a flag: no scan
             return delta
         if "\ud800" <= delta[-1] <= "\udbff":  # the pair's low half may open the next delta
             delta, self.high = delta[:-1], delta[-1]

@@ -295,7 +295,7 @@ class Turn:
         began = time.monotonic()
         async with aclosing(provider.stream(request)) as events:  # closed at once on stop
             async for event in events:
-                await self.on_event(event, result)
+                self.on_event(event, result)
                 if began:  # the call's first event only: one float test per chunk after it
                     waited, began = time.monotonic() - began, 0.0
                     self.rt.metrics.first_event(self.route.provider, self.route.model, waited)
@@ -310,7 +310,7 @@ class Turn:
                 f"{self.options.max_output_tokens:,}); the reply is incomplete."))
         return result
 
-    async def on_event(self, event: StreamEvent, result: CallResult) -> None:
+    def on_event(self, event: StreamEvent, result: CallResult) -> None:
         if isinstance(event, TextDelta):  # the hot path: one per streamed piece
             self.session.emit({"type": "chunk", "turn_id": self.turn_id, "content": event.text})
             step = self.writer.append(event.text)

@@ -47,6 +47,8 @@ class ConnState(enum.Enum):
 def coalesce(packets: list[Packet]) -> list[Packet]:
     """Join runs of chunk packets of one turn into one frame carrying the last seq (a run of one
     leaves as it came: its text is the one the channel serialized)."""
+    if len(packets) == 1:  # a server that keeps up: one packet per wake-up
+        return packets
     joined: list[Packet] = []
     run: list[Packet] = []
     for packet in packets:
@@ -243,9 +245,10 @@ class Connection:
         direct = self.ws.scope.get("extensions", {}).get(SEND_TEXTS)
         try:
             while True:
-                await outbox.wait()
-                if not outbox.frames:  # ended, and everything before the end is sent
-                    return
+                if not outbox.frames:  # a writer that fell behind finds frames and does not wait
+                    await outbox.wait()
+                    if not outbox.frames:  # ended, and everything before the end is sent
+                        return
                 if self.coalesce_seconds and outbox.frames[0].frame is not None:
                     await anyio.sleep(self.coalesce_seconds)
                 # Adaptive: chunks that piled up while the loop was busy leave as one frame.

@@ -12,11 +12,18 @@ each request's URL, ``user:pass@`` included), and the log must hold no credentia
 On SIGTERM ``DrainingServer`` first awaits the app's ``state.drain`` (set by its lifespan: end the
 ``/events`` streams, stop and store every streaming reply), then lets uvicorn close the sockets
 (1012 for WebSockets) with what is left of ``shutdown_grace_seconds``.
+
+Before it starts it also settles the heap (``settle_heap``): what start-up built (modules,
+settings, the app) is moved out of the cyclic collector's reach and the youngest generation is collected
+less often. Measured (docs/performance.md, "Per-chunk work"): at 300 streaming sessions the
+collector took a tenth of the server's CPU and its full passes over about 250,000 objects paused
+the loop for 0.2-0.3 s each; nearly nothing it found was garbage (replies are acyclic).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import math
 import socket
@@ -38,6 +45,10 @@ LOGGERS = ("", "uvicorn", "uvicorn.error")
 
 HTTP_HEADROOM = 256  # connections beyond max_connections kept for the page, /api and /events
 MIN_CLOSE_SECONDS = 1  # what uvicorn gets to close sockets however long the drain took
+# Net new container objects between two collections of the youngest generation (CPython's default
+# is 700: a collection every ~50 chunks, each walking whatever in-flight frames, packets and
+# events were alive at that moment). The older generations keep their defaults.
+GC_YOUNG_THRESHOLD = 10_000
 
 
 def uvicorn_options(server: ServerSettings) -> dict[str, Any]:
@@ -183,10 +194,27 @@ def redact_logs(secrets: Iterable[str]) -> None:
             handler.addFilter(guard)
 
 
+def settle_heap() -> None:
+    """Freeze what start-up allocated (it lives as long as the process; a full collection no
+    longer walks it) and collect the young generation less often. Bounded: a cycle is still found
+    within ``GC_YOUNG_THRESHOLD`` allocations, and every full pass still runs."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+    logging.getLogger(__name__).info(
+        "heap settled: %d start-up objects frozen; young generation collected every %d allocations",
+        gc.get_freeze_count(), GC_YOUNG_THRESHOLD)
+
+
 class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: Any) -> None:
         super().__init__(config)
         self.app = app
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        settle_heap()  # the app is built and every module imported; the lifespan's services are not
+        await super().startup(sockets)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         grace = self.config.timeout_graceful_shutdown or 0.0

@@ -35,7 +35,8 @@ keepalive=0.0, error_size=0 | ENDLESS, error_fill=b" ", endless="" | "text" | "t
 "arguments")``; ``.endless_bytes_sent`` and ``.endless_ended`` follow an endless reply;
 see ``tests/fakes/base.py``.
 
-``await drain(provider.stream(request))`` returns ``(events, error_or_None)``.
+``await drain(provider.stream(request))`` returns ``(events, error_or_None)``; ``joined(events)`` joins
+each run of text deltas (a network read's deltas come joined, so their count depends on timing).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from tests.fakes.base import (
     Recorded,
     Reply,
     drain,
+    joined,
     running,
     serve_in_thread,
 )
@@ -57,4 +59,4 @@ from tests.fakes.openai_fake import FakeOpenAI
 
 __all__ = ["AUTO", "ENDLESS", "Call", "FakeAnthropic", "FakeOllama", "FakeOpenAI", "FakeProvider", "Recorded",
            "Reply",
-           "drain", "running", "serve_in_thread"]
+           "drain", "joined", "running", "serve_in_thread"]

@@ -19,6 +19,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from server.providers.base import TextDelta
 from tests.support import run_server
 
 AUTO = "auto"
@@ -394,3 +395,15 @@ async def drain(stream: AsyncIterator[Any]) -> tuple[list[Any], BaseException | 
     except Exception as exc:  # the caller asserts on the class; anything else would hide it
         return events, exc
     return events, None
+
+
+def joined(events: list[Any]) -> list[Any]:
+    """``events`` with each run of text deltas joined into one: the provider layer joins the deltas
+    one network read carried, so how many it yields depends on how the bytes arrived."""
+    out: list[Any] = []
+    for event in events:
+        if type(event) is TextDelta and out and type(out[-1]) is TextDelta:
+            out[-1] = TextDelta(out[-1].text + event.text)
+        else:
+            out.append(event)
+    return out
