@@ -31,8 +31,10 @@ export class Sessions {
     this.loadingOlder = false;
     this.searchTimer = null;
     this.older = el("button", { type: "button", class: "session-older", "data-testid": "sessions-older", text: "Show older chats", onclick: () => this.loadOlder() });
-    // Scrolling the button into view loads the next page; the button stays for keyboards.
-    new IntersectionObserver((seen) => seen.some((e) => e.isIntersecting) && this.loadOlder()).observe(this.older);
+    // Scrolling the button into view loads the next page; the button stays for keyboards. An entry
+    // can arrive after the page it saw was replaced (a click scrolled the button into view, then
+    // the older page pushed it down): it loads only if the button is still in view now.
+    new IntersectionObserver((seen) => seen.some((e) => e.isIntersecting) && this.olderInView() && this.loadOlder()).observe(this.older);
     root.querySelector('[data-testid="import-file"]').addEventListener("change", (e) => this.importFile(e.target));
     // The server searches titles and message text (FTS5); the list shows what it answered.
     this.search.addEventListener("input", () => {
