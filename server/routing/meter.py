@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from server.config.settings import ProviderProfile
@@ -120,9 +120,13 @@ class Anchor:
         """The anchor with ``raw`` estimated tokens of its request left out by a trim, priced at
         ``whole``: the next step then holds only what was added since the count."""
         dropped = min(self.raw, max(0, raw))
-        return Anchor(self.raw - dropped, max(0, self.reported - math.ceil(self.whole * dropped)),
-                      self.ratio, False, self.base, kinds=self.kinds, per_piece=self.per_piece,
-                      digits=self.digits)
+        return self.moved(self.raw - dropped, max(0, self.reported - math.ceil(self.whole * dropped)),
+                          counted=False)
+
+    def moved(self, raw: int, reported: int, **learned: Any) -> Anchor:
+        """This anchor at another count, with what the session learned kept unless ``learned``
+        replaces it; ``source`` is the provider's again."""
+        return replace(self, raw=raw, reported=reported, source="provider", **learned)
 
     def kind_ratio(self, kind: str | None) -> float | None:
         return dict(self.kinds).get(kind) if kind else None
@@ -136,13 +140,12 @@ class Anchor:
         overhead = math.ceil((self.step or 1.0) * MESSAGE_OVERHEAD_TOKENS)
         text = raw - MESSAGE_OVERHEAD_TOKENS  # the reply's text and tool calls: what ``tokens`` counts
         if text < MIN_MARGINAL_RAW:
-            return Anchor(self.raw + raw, self.reported + tokens + overhead, self.ratio, False, self.base,
-                          kinds=self.kinds, per_piece=self.per_piece, digits=self.digits)
+            return self.moved(self.raw + raw, self.reported + tokens + overhead, counted=False)
         base = min(RATIO_MAX, max(RATIO_MIN, tokens / text))
         per_piece, digits = (self.per_piece, self.digits) if density is None \
             else tokens_per_piece(tokens, text, density, self.digits)
-        return Anchor(self.raw + raw, self.reported + tokens + overhead, self.ratio, False, base,
-                      kinds=self.with_kind(kind, base), per_piece=per_piece, digits=digits)
+        return self.moved(self.raw + raw, self.reported + tokens + overhead, counted=False, base=base,
+                          kinds=self.with_kind(kind, base), per_piece=per_piece, digits=digits)
 
     def with_kind(self, kind: str | None, ratio: float) -> tuple[tuple[str, float], ...]:
         """``kinds`` with ``kind`` at ``ratio``: the newest sample of a kind replaces the older (a
@@ -158,14 +161,12 @@ class Anchor:
         a count endpoint after it (a reply without a count would be in the step too)."""
         step = raw - self.raw
         if step < MIN_MARGINAL_RAW:
-            return Anchor(raw, reported, self.ratio, base=self.base, kinds=self.kinds,
-                          per_piece=self.per_piece, digits=self.digits)
+            return self.moved(raw, reported, counted=True)
         sample = min(RATIO_MAX, max(RATIO_MIN, (reported - self.reported) / step))
         ratio = sample if self.ratio is None else (sample + self.ratio) / 2
         alone = not self.counted or self.source == "provider_count"  # no uncounted reply in the step
         kinds = self.with_kind(kind if alone else None, sample)
-        return Anchor(raw, reported, ratio, base=self.base, kinds=kinds, per_piece=self.per_piece,
-                      digits=self.digits)
+        return self.moved(raw, reported, counted=True, ratio=ratio, kinds=kinds)
 
 
 def next_anchor(previous: Anchor | None, raw: int, reported: int, kind: str | None = None) -> Anchor:
@@ -181,8 +182,7 @@ def count_anchor(previous: Anchor | None, raw: int, tokens: int) -> Anchor:
     base = previous.base if previous is not None and previous.base else fresh.base
     if previous is None:
         return Anchor(raw, tokens, base=base, source="provider_count")
-    return Anchor(raw, tokens, previous.ratio, base=base, source="provider_count", kinds=previous.kinds,
-                  per_piece=previous.per_piece, digits=previous.digits)
+    return replace(previous, raw=raw, reported=tokens, counted=True, base=base, source="provider_count")
 
 
 def reply_tokens(usage: Usage, thinking: bool) -> int | None:
