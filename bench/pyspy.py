@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,13 +135,20 @@ def idle_worker(stack: list[str]) -> bool:
 def steps(name: str, path: Path) -> str:
     stacks = [(stack, count) for stack, count in read_raw(path) if not idle_worker(stack)
               and not any("_find_and_load" in frame or "build_app" in frame for frame in stack)]
+    title = "samples after start-up (idle worker threads left out), by step of a turn"
+    return "\n".join(shares(name, title, stacks, step_of)[0])
+
+
+def shares(name: str, title: str, stacks: list[tuple[list[str], int]],
+           key: Callable[[list[str]], str]) -> tuple[list[str], int]:
+    """Lines of each ``key``'s share of the samples, most first, under a title; and the total."""
     total = sum(count for _, count in stacks) or 1
-    shares: collections.Counter[str] = collections.Counter()
+    counted: collections.Counter[str] = collections.Counter()
     for stack, count in stacks:
-        shares[step_of(stack)] += count
-    lines = [f"\n{name}: {total} samples after start-up (idle worker threads left out), by step of a turn"]
-    lines += [f"  {share * 100 / total:5.1f} %  {step}" for step, share in shares.most_common()]
-    return "\n".join(lines)
+        counted[key(stack)] += count
+    lines = [f"\n{name}: {total} {title}"]
+    lines += [f"  {share * 100 / total:5.1f} %  {label}" for label, share in counted.most_common()]
+    return lines, total
 
 
 def is_native(frame: str) -> bool:
@@ -160,12 +168,7 @@ def read_raw(path: Path) -> list[tuple[list[str], int]]:
 
 def summary(name: str, path: Path) -> str:
     stacks = read_raw(path)
-    total = sum(count for _, count in stacks) or 1
-    layers: collections.Counter[str] = collections.Counter()
-    for stack, count in stacks:
-        layers[layer_of(stack)] += count
-    lines = [f"\n{name}: {total} samples (CPU only), by the layer of the innermost frame"]
-    lines += [f"  {share * 100 / total:5.1f} %  {layer}" for layer, share in layers.most_common()]
+    lines, total = shares(name, "samples (CPU only), by the layer of the innermost frame", stacks, layer_of)
     lines.append("  inclusive:")
     for label, needle in ENTRY_POINTS.items():
         hits = sum(count for stack, count in stacks if any(needle in frame for frame in stack))
