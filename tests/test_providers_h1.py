@@ -18,7 +18,7 @@ import anyio.abc
 import httpx
 import pytest
 
-from server.providers.h1 import BODY, FastPool, H1Body, H1Connection
+from server.providers.h1 import BODY, REQUEST_SENT, FastPool, H1Body, H1Connection
 from server.providers.h1_parse import MAX_OVERHEAD
 from server.providers.transport import build_transport
 from tests.support import run_server
@@ -130,6 +130,36 @@ async def test_a_streamed_request_body_is_sent_chunked():
         async with fast_client() as http:
             response = await http.post(f"{running.url}/?parts=1", content=pieces())
     assert response.headers["x-echo"] == str(6 * 40000) and response.content == parts(1)
+
+
+async def test_the_trace_extension_says_when_the_request_left_before_its_answer_is_read():
+    """``REQUEST_SENT`` fires once the request is written, before the answer is read (the server
+    answers only after it), on this path and on httpx's own h11 path alike."""
+    answers: list[anyio.Event] = []
+
+    async def reply(stream: anyio.abc.SocketStream) -> None:
+        data = await read_request(stream)
+        while len(data.split(b"\r\n\r\n", 1)[1]) < 1000:
+            data += await stream.receive()
+        await answers[-1].wait()
+        await stream.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+
+    async def trace(event: str, info: Any) -> None:
+        seen.append(event)
+        if event == REQUEST_SENT:
+            answers[-1].set()
+
+    bodies = []
+    async with raw_server(reply) as (url, _):
+        for http in (fast_client(), httpx.AsyncClient(timeout=5.0)):
+            seen: list[str] = []
+            answers.append(anyio.Event())
+            async with http:
+                with anyio.fail_after(5):
+                    bodies.append(await streamed(http, url, "POST", content=b"x" * 1000,
+                                                 extensions={"trace": trace}))
+            assert seen.count(REQUEST_SENT) == 1
+    assert bodies == [b"ok", b"ok"]
 
 
 async def test_the_provider_transport_is_the_fast_pool(monkeypatch):

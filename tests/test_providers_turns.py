@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -75,3 +78,45 @@ async def test_second_stream_past_max_connections_is_overloaded(tmp_path, fake_o
             done = await first.until("done", "error")
     assert refused["type"] == "error" and refused["code"] == "overloaded" and refused["retryable"]
     assert done[-1]["type"] == "done" and done[-1]["full_response"] == "first"
+
+
+async def test_a_calls_route_and_meter_come_while_the_provider_has_not_answered(tmp_path, fake_openai):
+    """They are emitted once the request has left (ProviderRequest.sent), not at the first event."""
+    hold = threading.Event()
+    fake_openai.enqueue(Reply(text=[], hold=hold))  # no answer at all until the test says so
+    with serve(settings(tmp_path, fake_openai)) as address:
+        async with client(address) as c:
+            await c.hello()
+            await c.send("message", id="m1", content="hi")
+            try:
+                frames = await c.until("route")
+                frames.append(await c.recv())
+                asked = len(fake_openai.requests)
+            finally:
+                hold.set()
+            frames += await c.until("done", "error")
+    assert asked == 1  # the request had reached the provider, which had sent nothing yet
+    [route] = of_type(frames, "route")
+    sent = [f for f in of_type(frames, "context") if f["reason"] == "send"]
+    assert route["turn_id"] == frames[0]["turn_id"] and len(sent) == 1
+    assert frames.index(route) < frames.index(sent[0]) < len(frames) - 1
+    assert frames[-1]["type"] == "done"
+
+
+@contextmanager
+def socket_closed_port() -> Iterator[int]:
+    """A loopback port bound but not listening: a connection to it is refused for as long as it is held."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
+
+async def test_a_call_that_cannot_connect_shows_its_route_and_meter_before_the_error(tmp_path, fake_openai):
+    with socket_closed_port() as port:
+        with serve(settings(tmp_path, fake_openai, base_url=f"http://127.0.0.1:{port}/v1")) as address:
+            async with client(address) as c:
+                await c.hello()
+                frames = await c.say("hi")
+    kinds = [f["type"] if f["type"] != "context" else f"context:{f['reason']}" for f in frames]
+    assert kinds[-3:] == ["route", "context:send", "error"]
+    assert frames[-1]["code"] == "unavailable"

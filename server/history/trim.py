@@ -233,7 +233,8 @@ def _answered_calls(messages: Sequence[ChatMessage]) -> tuple[set[str], set[int]
     answered: set[str] = set()
     orphans: set[int] = set()
     for index, message in enumerate(messages):
-        called.update(call.id for call in message.tool_calls or ())
+        if message.tool_calls:
+            called.update(call.id for call in message.tool_calls)
         if message.role != "tool":
             continue
         if message.tool_call_id in called and message.tool_call_id not in answered:
@@ -266,6 +267,8 @@ def sweep_orphans(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
     mutated. ``[Tool results]`` user messages carry no call id and are left alone.
     """
     answered, orphans = _answered_calls(messages)
+    if not answered and not orphans and not any(message.tool_calls for message in messages):
+        return list(messages)  # no tool message at all (the common history): nothing to sweep
     swept: list[ChatMessage] = []
     for index, message in enumerate(messages):
         if index in orphans:

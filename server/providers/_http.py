@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -32,7 +32,7 @@ from server.errors import ProtocolError, ProviderError
 from server.providers.base import ProviderRequest, StreamEvent, TextDelta, TokenCount
 from server.providers.budget import ReplyBudget
 from server.providers.decoders import LineTooLong
-from server.providers.h1 import BODY, H1Body
+from server.providers.h1 import BODY, REQUEST_SENT, H1Body
 from server.providers.redact import redact, short_message
 from server.providers.text import TextGuard
 from server.providers.translate import (
@@ -94,13 +94,15 @@ async def read_head(response: httpx.Response, limit: int, seconds: float) -> tup
 
 @asynccontextmanager
 async def open_stream(client: httpx.AsyncClient, alias: str, url: str, body: Mapping[str, Any],
-                      headers: Mapping[str, str], secrets: Iterable[str] = ()
-                      ) -> AsyncIterator[httpx.Response]:
+                      headers: Mapping[str, str], secrets: Iterable[str] = (),
+                      sent: Callable[[], None] | None = None) -> AsyncIterator[httpx.Response]:
     """POST ``body`` and yield the 2xx streaming response; every failure leaves as a ProviderError,
-    including transport errors raised while the caller reads the body inside the ``with``."""
+    including transport errors raised while the caller reads the body inside the ``with``.
+    ``sent`` is called once the request is written, before the answer is read."""
     started = False
+    extensions = {"trace": _on_sent(sent)} if sent is not None else None
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as response:
+        async with client.stream("POST", url, json=body, headers=headers, extensions=extensions) as response:
             if response.status_code >= 400:
                 # Only the head: an error body says its class and a message, nothing past 64 KiB.
                 raw, whole = await read_head(response, MAX_ERROR_BODY, ERROR_BODY_SECONDS)
@@ -113,6 +115,16 @@ async def open_stream(client: httpx.AsyncClient, alias: str, url: str, body: Map
             yield response
     except httpx.HTTPError as exc:
         raise transport_error(alias, exc, started=started) from exc
+
+
+def _on_sent(sent: Callable[[], None]) -> Callable[[str, Mapping[str, Any]], Awaitable[None]]:
+    """httpcore's ``trace`` callback calling ``sent`` at the request's last byte (every other event
+    of the trace is ignored)."""
+    async def trace(event: str, info: Mapping[str, Any]) -> None:
+        if event == REQUEST_SENT:
+            sent()
+
+    return trace
 
 
 async def get_json(client: httpx.AsyncClient, method: str, url: str, *,
@@ -178,14 +190,15 @@ class HttpProvider:
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     async def _run(self, path: str, body: Mapping[str, Any], state: StreamState,
-                   decoder: Decoder) -> AsyncGenerator[StreamEvent, None]:
+                   decoder: Decoder, sent: Callable[[], None] | None = None
+                   ) -> AsyncGenerator[StreamEvent, None]:
         # One loop from the socket to the caller, written out: every async generator between them
         # would cost a hop per event on the hottest path of a reply.
         alias, idle = self.profile.alias, self.profile.idle_timeout_seconds
         guard = TextGuard(state.budget)
         try:
             async with open_stream(self._client, alias, self._url(path), body, self._headers(),
-                                   self._secrets) as response:
+                                   self._secrets, sent) as response:
                 chunks = _body_bytes(response)
                 last_event = time.monotonic()
                 async for chunk in chunks:

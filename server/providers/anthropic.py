@@ -209,7 +209,7 @@ class AnthropicProvider(_http.HttpProvider):
         alias = self.profile.alias
         return self._run("/v1/messages", request_body(request),
                          _StreamState(alias, ReplyBudget(alias, request.limits)),
-                         SSEDecoder(self.profile.max_line_bytes))
+                         SSEDecoder(self.profile.max_line_bytes), request.sent)
 
     async def context_window(self, model: str) -> WindowInfo | None:
         return None  # no metadata endpoint we rely on; windows come from the settings

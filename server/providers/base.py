@@ -8,7 +8,7 @@ metadata for a model's capacity (None when the dialect cannot say).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,6 +42,9 @@ class ProviderRequest:
     tools: Sequence[ToolSpec] = ()
     max_output_tokens: int | None = None
     limits: ReplyLimits = ReplyLimits()
+    # Called once the request has left for the provider (HTTP dialects: its last byte is written),
+    # before its answer is read: what the caller does then overlaps the provider's wait.
+    sent: Callable[[], None] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,8 @@ class DemoProvider:
             raise ContextOverflow(f"demo: prompt is too long: {prompt} tokens > {window} maximum",
                                   status=400, requested_tokens=prompt, limit_tokens=window)
         self._calls += 1
+        if request.sent is not None:  # taken: the reply is on its way
+            request.sent()
         async for event in self._reply(request, prompt):
             yield event
 

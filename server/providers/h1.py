@@ -40,6 +40,9 @@ _WRITE_BATCH = 64 * 1024
 # The response extension naming its ``H1Body`` (httpcore's pool and httpx's transport pass a
 # response's extensions on), for a reader that iterates ``H1Body.parts`` directly.
 BODY = "meterchat.h1_body"
+# The trace event (httpcore's ``trace`` request extension) once the whole request is written: the name
+# httpcore's own HTTP/1.1 connection gives it, so one callback serves both read paths.
+REQUEST_SENT = "http11.send_request_body.complete"
 _BAD_FIELD = re.compile(rb"[\r\n\x00]")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 
@@ -177,6 +180,7 @@ class H1Connection(httpcore.AsyncConnectionInterface):
             self._transport.close()
 
     async def handle_async_request(self, request: httpcore.Request) -> httpcore.Response:
+        trace = request.extensions.get("trace")
         if not self.can_handle_request(request.url.origin):
             raise RuntimeError(f"request to {request.url.origin} on a connection to {self._origin}")
         if self._state not in (_State.NEW, _State.IDLE):
@@ -193,6 +197,9 @@ class H1Connection(httpcore.AsyncConnectionInterface):
                 await self._send(request, timeouts.get("write"))
             except httpcore.WriteError:
                 pass  # as httpcore does: a server may answer (a 413) and close before reading it all
+            else:
+                if trace is not None:  # httpcore's trace extension, at the event its h11 path names so
+                    await trace(REQUEST_SENT, {"request": request})
             await self._head(timeouts.get("read"))
         except BaseException:
             await self.aclose()

@@ -152,7 +152,7 @@ class OllamaProvider(_http.HttpProvider):
         body = request_body(request, self.profile.num_ctx)
         alias = self.profile.alias
         return self._run("/api/chat", body, _StreamState(alias, ReplyBudget(alias, request.limits)),
-                         NDJSONDecoder(self.profile.max_line_bytes))
+                         NDJSONDecoder(self.profile.max_line_bytes), request.sent)
 
     async def context_window(self, model: str) -> WindowInfo | None:
         show = await _http.get_json(self._client, "POST", self._url("/api/show"),

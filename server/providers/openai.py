@@ -228,7 +228,7 @@ class OpenAIProvider(_http.HttpProvider):
         alias = self.profile.alias
         return self._run("/chat/completions", request_body(request),
                          _StreamState(alias, ReplyBudget(alias, request.limits)),
-                         SSEDecoder(self.profile.max_line_bytes))
+                         SSEDecoder(self.profile.max_line_bytes), request.sent)
 
     async def context_window(self, model: str) -> WindowInfo | None:
         listing = await _http.get_json(self._client, "GET", self._url("/models"), headers=self._headers())

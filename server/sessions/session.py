@@ -11,16 +11,16 @@ it survives a disconnect; the reply being streamed joins the transcript at its f
 snapshot shows it) and the ledger when it is complete.
 
 Writes off the turn's path: the user's message (``store_soon``) and a trim's record (``keep_trim``)
-are written in the background (given a task group), so the provider call need not wait for the
-store. ``unsaved`` holds every message of the transcript not yet in the store, in order; a reply's
-save (``save_reply``) writes them first, so the user's message is stored before its turn's reply
-and before ``done``, and a message the store refused stays there until a later save succeeds. A
-trim record the store refused is raised by ``check_writes`` when the turn ends.
+are written in the background (given a task group: ``server.sessions.writes``), so the provider
+call need not wait for the store; a turn holds them until its first chunk is out. ``unsaved`` holds
+every message of the transcript not yet in the store, in order; a reply's save (``save_reply``)
+writes them first, so the user's message is stored before its turn's reply and before ``done``, and
+a message the store refused stays there until a later save succeeds. A trim record the store
+refused is raised by ``check_writes`` when the turn ends.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from server.errors import MeterchatError, StoreUnavailable
+from server.errors import StoreUnavailable
 from server.history.compaction import TRUNCATED
 from server.history.ledger import HistoryLedger
 from server.history.messages import (
@@ -49,9 +49,8 @@ from server.sessions.channel import Frame, FrameChannel
 from server.sessions.metrics import COUNTED, Metrics
 from server.sessions.notices import OBSERVED, Notice, Notices
 from server.sessions.reply import ReplyWriter
+from server.sessions.writes import Writes
 from server.store.base import CallRecord, Store
-
-log = logging.getLogger(__name__)
 
 ORPHANED = "orphaned tool message (its call or result is missing)"
 
@@ -100,10 +99,8 @@ class Session:
         self.approvals = Approvals()  # tool calls waiting for the user's answer
         self._store = store
         self._meter = meter
-        self._tasks = tasks  # where writes off the turn's path run; None: they are awaited in place
-        self.refused: StoreUnavailable | None = None  # a background write the store refused
-        self._writing = 0  # background writes under way
-        self._written: anyio.Event | None = None  # set when the last of them ended
+        # Writes off the turn's path; None (no task group): they are awaited in place.
+        self.writes = Writes(session_id, tasks) if tasks is not None else None
         self.metrics = metrics or Metrics()
         self._streamed: ChatMessage | None = None
         self.anchors: dict[str, Anchor] = {}  # route name -> the provider's last count on it
@@ -267,6 +264,15 @@ class Session:
         self.unsaved[message.id] = message
         self._behind(self._save_quietly)
 
+    def hold_writes(self) -> None:
+        """The writes off the turn's path wait for its first chunk (``Writes.hold``)."""
+        if self.writes is not None:
+            self.writes.hold()
+
+    def release_writes(self) -> None:
+        if self.writes is not None:
+            self.writes.release()
+
     async def _save_quietly(self) -> None:
         try:
             await self.save_reply()
@@ -274,35 +280,16 @@ class Session:
             pass  # still unsaved: the turn's reply save tries again, and says so if it fails
 
     async def check_writes(self) -> None:
-        """Wait for the background writes under way, then raise the ``StoreUnavailable`` of one the
-        store refused (a trim's record; a refused message stays in ``unsaved`` instead)."""
-        while self._writing and self._written is not None:
-            await self._written.wait()
-        refused, self.refused = self.refused, None
-        if refused is not None:
-            raise refused
+        """Wait for the background writes (held ones started now), then raise the
+        ``StoreUnavailable`` of one the store refused (a trim's record; a refused message stays in
+        ``unsaved`` instead)."""
+        if self.writes is not None:
+            await self.writes.check()
 
     def _behind(self, write: Callable[[], Awaitable[None]]) -> None:
-        if self._tasks is None:
+        if self.writes is None:
             raise RuntimeError(f"session {self.id} was built without a task group: it writes in place")
-        if not self._writing:
-            self._written = anyio.Event()
-        self._writing += 1
-        self._tasks.start_soon(self._guarded, write)
-
-    async def _guarded(self, write: Callable[[], Awaitable[None]]) -> None:
-        try:
-            await write()
-        except StoreUnavailable as exc:
-            self.refused = self.refused or exc
-        except MeterchatError as exc:  # the session was deleted meanwhile: nothing left to write
-            log.warning("a store write of session %s failed: %s", self.id, exc.message)
-        except Exception:  # a background write must never take the server down
-            log.exception("a store write of session %s failed", self.id)
-        finally:
-            self._writing -= 1
-            if not self._writing and self._written is not None:
-                self._written.set()
+        self.writes.start(write)
 
     # --- operations on the marks --------------------------------------------------------------
 
@@ -340,7 +327,7 @@ class Session:
             kept["after_message_id"] = self.transcript[-1].id if self.transcript else None
         kept["created_at"] = utc_now()
         self.trims.append(kept)
-        if self._tasks is None:
+        if self.writes is None:
             await self.store.record_trim(self.id, kept, marked)
         else:  # off the turn's path; a refusal is raised by check_writes when the turn ends
             self._behind(lambda: self.store.record_trim(self.id, kept, marked))
@@ -396,5 +383,9 @@ class Session:
         """Send the ``context`` frame for ``route``: what the session would send now, or ``reported``."""
         if reading is None:
             reading = await self.read_meter(route)
-        self.emit(self.meter.frame(reading, self.ledger, reason, reported, self.trimmed_tokens))
+        self.emit_reading(reason, reading, reported)
         return reading
+
+    def emit_reading(self, reason: str, reading: Reading, reported: int | None = None) -> None:
+        """The ``context`` frame of ``reading``, taken already (``emit_meter`` without the wait)."""
+        self.emit(self.meter.frame(reading, self.ledger, reason, reported, self.trimmed_tokens))

@@ -50,6 +50,7 @@ from server.routing.calibration import named_window, plausible
 from server.routing.content import message_density, message_kind
 from server.routing.meter import DIGITS, PER_PIECE, Reading, next_anchor, reply_tokens
 from server.routing.resolver import Route
+from server.sessions.call_frames import CallFrames
 from server.sessions.compaction_runner import Compaction, NoCompaction
 from server.sessions.reply import ReplyWriter, Step
 from server.sessions.runtime import Runtime
@@ -285,23 +286,30 @@ class Turn:
         messages, reading = await self.prepare(final, reading)
         self.sent = reading
         self.writer.began = utc_now()  # the reply's time: when its call began, as the route frame says
-        self.emit("route", turn_id=self.turn_id, created_at=self.writer.began, **self.route.fields())
-        await self.emit_meter("send", reading)
+        announce = CallFrames(self.session, self.route, self.turn_id, self.writer.began, reading)
         provider = self.rt.providers[self.route.provider]
         limits = ReplyLimits(self.options.max_reply_chars, self.options.max_tool_argument_chars)
         request = ProviderRequest(self.route.model, messages, self.tools(final),
-                                  self.options.max_output_tokens, limits)
+                                  self.options.max_output_tokens, limits, sent=announce)
         result = CallResult()
         began = time.monotonic()
-        async with aclosing(provider.stream(request)) as events:  # closed at once on stop
-            async for event in events:
-                self.on_event(event, result)
-                if began:  # the call's first event only: one float test per chunk after it
-                    waited, began = time.monotonic() - began, 0.0
-                    self.rt.metrics.first_event(self.route.provider, self.route.model, waited)
-                    # The send loop writes the first chunk now, not once the rest of the reply
-                    # that came with it is handled (a short reply often comes in one read).
-                    await anyio.lowlevel.checkpoint()
+        try:
+            async with aclosing(provider.stream(request)) as events:  # closed at once on stop
+                async for event in events:
+                    if began:  # the call's first event only: one float test per chunk after it
+                        announce()  # a provider that never said its request left
+                        self.on_event(event, result)
+                        waited, began = time.monotonic() - began, 0.0
+                        self.rt.metrics.first_event(self.route.provider, self.route.model, waited)
+                        # The send loop writes the first chunk now, not once the rest of the reply
+                        # that came with it is handled (a short reply often comes in one read); the
+                        # store writes the turn held start after it.
+                        await anyio.lowlevel.checkpoint()
+                        self.session.release_writes()
+                    else:
+                        self.on_event(event, result)
+        finally:
+            announce()  # a call that failed before its request left still shows its route first
         if result.usage is not None:
             await self.account(result.usage, reading)
         if result.finish == "length":
