@@ -97,7 +97,7 @@ async def test_faults_locked_store_ends_the_turn_with_store_unavailable_and_writ
             frames += await c.until("error")
             error = frames[-1]
             assert error["code"] == "store_unavailable" and error["retryable"] is True
-            assert error["turn_id"] == frames[-2]["turn_id"]
+            assert frames[0]["type"] == "accepted" and error["turn_id"] == frames[0]["turn_id"]
             seen = text_of(frames)
             refused = await c.say("echo while locked", id="locked")  # nothing stored, draft kept
             assert refused[-1]["code"] == "store_unavailable" and refused[-1]["message_id"] == "locked"
@@ -105,10 +105,18 @@ async def test_faults_locked_store_ends_the_turn_with_store_unavailable_and_writ
             locker.close()
             notice = (await c.until("notice"))[-1]
             assert notice["code"] == "store_recovered"
+            # The reply was complete, only its write waited: it is stored whole, not interrupted, and
+            # the call's record waited with it (written in its transaction), not lost.
             [(content, interrupted)] = stored_replies(tmp_path / "data")
-            assert content.startswith(seen) and interrupted == 1
+            assert content == seen and interrupted == 0
+            assert stored_calls(tmp_path / "data") == [error["turn_id"]]
             after = await c.say("echo after")  # the session goes on
     assert after[-1]["type"] == "done"
+
+
+def stored_calls(data_dir: Path) -> list[str]:
+    with sqlite3.connect(data_dir / "meterchat.sqlite3") as db:
+        return [row[0] for row in db.execute("SELECT turn_id FROM calls ORDER BY seq")]
 
 
 def stored_messages(data_dir: Path) -> list[tuple[str, str, int]]:

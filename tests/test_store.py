@@ -199,6 +199,25 @@ async def test_store_records_calls_in_order(store: Store) -> None:
     assert session.calls[0] == CallRecord(**{**first.__dict__, "created_at": session.calls[0].created_at})
 
 
+async def test_store_saves_messages_and_their_calls_in_one_write(store: Store, backend: Backend) -> None:
+    await store.create_session("s", title="t", route="r")
+    await store.record_call("s", CallRecord("t0", "demo", "m", "default", 1, 1, "provider"))
+    user, reply = ChatMessage("user", "q", id="u1"), ChatMessage("assistant", "a", id="a1")
+    call = CallRecord("t1", "demo", "m", "default", 30, 4, "provider", 0.5)
+    await store.save_messages("s", [user, reply], [call])
+    await store.save_messages("s", [], [CallRecord("t2", "demo", "m", "default", 9, 0, "provider")])
+    reply.content = "a, whole"
+    await store.save_messages("s", [reply])  # an upsert alone records no call
+    session = await store.get_session("s")
+    assert session is not None
+    assert [(m.id, m.content) for m in session.messages] == [("u1", "q"), ("a1", "a, whole")]
+    assert [(c.turn_id, c.input_tokens, c.cost_usd) for c in session.calls] == [
+        ("t0", 1, None), ("t1", 30, 0.5), ("t2", 9, None)]
+    with pytest.raises(UnknownSession):  # nothing of a refused write is kept
+        await store.save_messages("ghost", [ChatMessage("user", "x")], [call])
+    assert backend.count("SELECT COUNT(*) FROM calls") == 3
+
+
 async def test_store_delete_cascades_to_messages_and_calls(store: Store, backend: Backend) -> None:
     await store.create_session("s", title="t", route="r")
     await store.create_session("keep", title="t", route="r")

@@ -73,7 +73,7 @@ class LiveInstances:
     def forget_idle(self, session: Session) -> None:
         """Keep only sessions watched or running here: another instance may change the rest, so
         they are read from the store again when next opened."""
-        if session.channel.watched or session.turn is not None or session.unsaved:
+        if session.channel.watched or session.turn is not None or session.has_unsaved:
             return  # a reply the store refused stays until UnsavedWriter writes it
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]

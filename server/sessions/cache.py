@@ -73,7 +73,7 @@ class SessionCache:
         for session_id, session in list(self.sessions.items()):
             if excess <= 0:
                 return
-            if (not session.channel.watched and session.turn is None and not session.unsaved
+            if (not session.channel.watched and session.turn is None and not session.has_unsaved
                     and not session.notices.unsaved):
                 del self.sessions[session_id]
                 self.restores.forget(session_id)
@@ -88,7 +88,7 @@ class SessionCache:
         frames came through the shared stream) and no turn runs on it here."""
         cached = self.cached(session)
         channel = cached.channel
-        if not channel.stale or cached.turn or cached.unsaved or cached.notices.unsaved:
+        if not channel.stale or cached.turn or cached.has_unsaved or cached.notices.unsaved:
             return cached
         channel.stale = False
         fresh = await self._load(cached.id, channel=channel)

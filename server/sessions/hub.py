@@ -228,7 +228,7 @@ class SessionHub:
             raise BadFrame(f"message.id {message_id!r} is already used by another message in this session")
         if session.owner is not None:
             await self.quota.check_budget(session.owner)
-        if session.unsaved:
+        if session.has_unsaved:
             await session.save_reply()  # the earlier reply first, or StoreUnavailable and nothing stored
         replaces = Replaces.of(session, retry_of, edit_of)
         images = decode_images(payloads, self.rt.options.max_image_bytes)

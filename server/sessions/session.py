@@ -109,6 +109,7 @@ class Session:
         # Messages not yet in the store, in transcript order: a user's message on its way, replies
         # the store refused (written when it recovers).
         self.unsaved: dict[str, ChatMessage] = {}
+        self.unsaved_calls: list[CallRecord] = []  # provider calls, written with the next save
         self.ledger = HistoryLedger(self._scan(), image_token_cost=image_token_cost)
         self.trimmed_tokens = self._count_trimmed()  # the meter's "History trimmed", kept current
         self._ids: set[str] = set()  # ids of transcript[:_ids_of] (``knows``)
@@ -243,17 +244,29 @@ class Session:
             self.transcript.append(message)
         self.ledger.append(message)
 
+    @property
+    def has_unsaved(self) -> bool:
+        """Messages or provider calls wait for a write (on their way, or refused by the store)."""
+        return bool(self.unsaved or self.unsaved_calls)
+
     async def save_reply(self, *messages: ChatMessage) -> None:
         """Write ``messages`` after every message still unsaved (the user's message whose write is
-        on its way, replies the store refused before), in order. While the store is unavailable
-        they stay in ``unsaved`` (in memory, in the transcript) and ``StoreUnavailable`` is raised;
-        the next save that succeeds writes them all."""
+        on its way, replies the store refused before), in order, and the provider calls waiting,
+        in one transaction. While the store is unavailable they stay in ``unsaved`` and
+        ``unsaved_calls`` (in memory) and ``StoreUnavailable`` is raised; the next save that
+        succeeds writes them all."""
         for message in messages:
             self.unsaved[message.id] = message
         pending = list(self.unsaved.values())
-        if not pending:
+        if not pending and not self.unsaved_calls:
             return
-        await self.store.save_messages(self.id, pending)
+        # Taken, not copied: a save running beside this one (the message's own) must not insert them too.
+        calls, self.unsaved_calls = self.unsaved_calls, []
+        try:
+            await self.store.save_messages(self.id, pending, calls)
+        except BaseException:
+            self.unsaved_calls[:0] = calls
+            raise
         for message in pending:
             if self.unsaved.get(message.id) is message:
                 del self.unsaved[message.id]

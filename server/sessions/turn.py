@@ -368,7 +368,7 @@ class Turn:
         call = CallRecord(self.turn_id, self.route.provider, self.route.model, self.route.kind,
                           usage.input_tokens, usage.output_tokens, "provider", cost)
         self.session.calls.append(call)  # a reload shows the turn's route, usage and cost from these
-        await self.rt.store.record_call(self.session.id, call)
+        self.session.unsaved_calls.append(call)  # written with the reply: one transaction, not two
         await self.emit_meter("usage", reading, reported=usage.input_tokens)
 
     # --- the reply message --------------------------------------------------------------------

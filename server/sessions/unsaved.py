@@ -30,16 +30,16 @@ class UnsavedWriter:
 
     def after_turn(self, session: Session) -> None:
         """A turn ended: retry what the store refused, in one background task per session."""
-        if (session.unsaved or session.notices.unsaved) and session.id not in self._retrying:
+        if (session.has_unsaved or session.notices.unsaved) and session.id not in self._retrying:
             self._retrying.add(session.id)
             self.spawn(self._write, session)
 
     async def _write(self, session: Session) -> None:
         """Try the replies (and notices) the store refused again until it takes them, then say so."""
         try:
-            while session.unsaved or session.notices.unsaved:
+            while session.has_unsaved or session.notices.unsaved:
                 await anyio.sleep(UNSAVED_RETRY_SECONDS)
-                if session.unsaved:
+                if session.has_unsaved:
                     try:
                         await session.save_reply()
                     except StoreUnavailable:
@@ -52,7 +52,7 @@ class UnsavedWriter:
 
     async def last_try(self, session: Session) -> None:
         """The server is shutting down: write what the store refused once more, or log its loss."""
-        if not session.unsaved:
+        if not session.has_unsaved:
             return
         try:
             await session.save_reply()

@@ -9,7 +9,9 @@ numbered schema migrations (``server.store.migrations``) when opened.
 Contract of the write methods: when the awaited call returns, the write is committed (a crash after
 that point loses nothing). ``append_messages`` adds after the last message; ``save_messages``
 upserts by message id (content and marks of a known id are replaced, its position kept; an unknown
-id is appended), which is how a streaming reply is flushed at intervals and how trims are recorded;
+id is appended), which is how a streaming reply is flushed at intervals and how trims are recorded,
+and records the provider ``calls`` given with them in the same transaction (a turn's reply and its
+call: one write);
 ``save_batch`` does what ``save_messages`` does for several sessions in one transaction (a session no
 longer stored is skipped, not an error: the streaming replies of every session are flushed so);
 ``insert_message`` places one message at an index (a breadcrumb or summary after the system
@@ -98,7 +100,8 @@ class Store(UserStore, Protocol):
 
     async def append_messages(self, session_id: str, messages: Sequence[ChatMessage]) -> None: ...
 
-    async def save_messages(self, session_id: str, messages: Sequence[ChatMessage]) -> None: ...
+    async def save_messages(self, session_id: str, messages: Sequence[ChatMessage],
+                            calls: Sequence[CallRecord] = ()) -> None: ...
 
     async def save_batch(self, batch: Mapping[str, Sequence[ChatMessage]]) -> None: ...
 

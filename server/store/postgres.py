@@ -213,10 +213,14 @@ class PostgresStore(PostgresUsers):
         async with self._transaction() as conn:
             await self._put(conn, session_id, documents, _INSERT)
 
-    async def save_messages(self, session_id: str, messages: Sequence[ChatMessage]) -> None:
+    async def save_messages(self, session_id: str, messages: Sequence[ChatMessage],
+                            calls: Sequence[CallRecord] = ()) -> None:
         documents = [_document(message) for message in messages]
         async with self._transaction() as conn:
-            await self._put(conn, session_id, documents, _UPSERT)
+            if documents or not calls:
+                await self._put(conn, session_id, documents, _UPSERT)
+            if calls:
+                await self._put_calls(conn, session_id, calls)
 
     async def save_batch(self, batch: Mapping[str, Sequence[ChatMessage]]) -> None:
         work = [(session_id, [_document(message) for message in messages])

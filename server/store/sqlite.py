@@ -244,12 +244,16 @@ class SqliteStore(SqliteUsers):
         rows = [_row(message) for message in messages]
         await self._call(self._write, self._put_rows, session_id, rows, _INSERT)
 
-    async def save_messages(self, session_id: str, messages: Sequence[ChatMessage]) -> None:
+    async def save_messages(self, session_id: str, messages: Sequence[ChatMessage],
+                            calls: Sequence[CallRecord] = ()) -> None:
         rows = [_row(message) for message in messages]
-        await self._call(self._write, self._put_final, session_id, rows)
+        await self._call(self._write, self._put_final, session_id, rows, calls)
 
-    def _put_final(self, session_id: str, rows: list[Row]) -> None:
-        self._put_rows(session_id, rows, _UPSERT)
+    def _put_final(self, session_id: str, rows: list[Row], calls: Sequence[CallRecord] = ()) -> None:
+        if rows or not calls:
+            self._put_rows(session_id, rows, _UPSERT)
+        if calls:
+            self._put_calls(session_id, calls)
         # The index trigger skips interrupted rows (the checkpoints of a streaming reply, written by
         # save_batch); a message saved interrupted for good is indexed here (migration 6).
         for row in rows:
