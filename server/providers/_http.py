@@ -93,7 +93,7 @@ async def read_head(response: httpx.Response, limit: int, seconds: float) -> tup
 
 
 @asynccontextmanager
-async def open_stream(client: httpx.AsyncClient, alias: str, url: str, body: Mapping[str, Any],
+async def open_stream(client: httpx.AsyncClient, alias: str, url: httpx.URL | str, body: Mapping[str, Any],
                       headers: Mapping[str, str], secrets: Iterable[str] = (),
                       sent: Callable[[], None] | None = None) -> AsyncIterator[httpx.Response]:
     """POST ``body`` and yield the 2xx streaming response; every failure leaves as a ProviderError,
@@ -181,9 +181,18 @@ class HttpProvider:
         self._owns_client = client is None
         self._client = client or build_client(profile)
         self._secrets = secrets_of(profile)
+        self._stream_urls: dict[str, httpx.URL] = {}
 
     def _url(self, path: str) -> str:
         return self.profile.base_url.rstrip("/") + path
+
+    def _stream_url(self, path: str) -> httpx.URL:
+        """The streaming endpoint's URL, parsed once: httpx parses a URL given as text in Python on
+        every request (about a tenth of building one)."""
+        url = self._stream_urls.get(path)
+        if url is None:
+            url = self._stream_urls[path] = httpx.URL(self._url(path))
+        return url
 
     def _headers(self) -> dict[str, str]:
         key = self.profile.api_key
@@ -197,7 +206,7 @@ class HttpProvider:
         alias, idle = self.profile.alias, self.profile.idle_timeout_seconds
         guard = TextGuard(state.budget)
         try:
-            async with open_stream(self._client, alias, self._url(path), body, self._headers(),
+            async with open_stream(self._client, alias, self._stream_url(path), body, self._headers(),
                                    self._secrets, sent) as response:
                 chunks = _body_bytes(response)
                 last_event = time.monotonic()

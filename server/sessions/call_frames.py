@@ -1,8 +1,10 @@
 """``CallFrames``: the ``route`` and ``context`` (``send``) frames announcing one provider call.
 
-They are emitted once, when the call's request has left (``ProviderRequest.sent``), so building them
-overlaps the provider's wait instead of delaying the request, and in any case before the call's first
-event or its error: a client sees the same frames in the same order as if they came before the call.
+They are emitted once, when the call's request has left (``ProviderRequest.sent``), after the frames
+the turn deferred before it (``Session.defer_frames``: its trims and their meter), so building and
+sending them overlaps the provider's wait instead of delaying the request; and in any case before the
+call's first event or its error: a client sees the same frames in the same order as if they came
+before the call.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class CallFrames:
         session, self.session = self.session, None
         if session is None:  # emitted already
             return
+        session.flush_frames()  # the turn's frames before the call (trims, meter), in order
         session.emit(server_frame("route", turn_id=self.turn_id, created_at=self.began,
                                   **self.route.fields()))
         session.emit_reading("send", self.reading)

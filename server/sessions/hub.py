@@ -265,7 +265,8 @@ class SessionHub:
                            created_at=utc_now(), replaces=replaces.turn_id if replaces else None)
         await self.cache.store_new(session)
         session.add(user)
-        session.hold_writes()  # until the turn's first chunk is out (Session.release_writes)
+        if session.writes is not None:  # until the turn's first chunk is out (Turn.call releases them)
+            session.writes.hold()
         session.store_soon(user)
         session.client_ids.add(message_id)
         session.emit(server_frame(

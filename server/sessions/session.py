@@ -102,6 +102,7 @@ class Session:
         # Writes off the turn's path; None (no task group): they are awaited in place.
         self.writes = Writes(session_id, tasks) if tasks is not None else None
         self.metrics = metrics or Metrics()
+        self._deferred: list[Frame] | None = None  # frames waiting for ``flush_frames``
         self._streamed: ChatMessage | None = None
         self.anchors: dict[str, Anchor] = {}  # route name -> the provider's last count on it
         self.stored = True  # False for a new session until its first message is stored
@@ -130,6 +131,9 @@ class Session:
     # --- frames -------------------------------------------------------------------------------
 
     def emit(self, frame: Frame) -> Frame:
+        if self._deferred is not None:  # a turn is about to call its provider (``defer_frames``)
+            self._deferred.append(frame)
+            return frame
         sent = self.channel.emit(frame)
         kind = sent["type"]
         if kind in WATCHED:  # not per chunk: the hot path pays one set lookup
@@ -138,6 +142,18 @@ class Session:
             if kind in COUNTED:
                 self.metrics.frame(sent)
         return sent
+
+    def defer_frames(self) -> None:
+        """Frames wait, in order, until ``flush_frames``: a turn's frames before its provider call
+        (trims, meter, route) go out once the request has left, so neither their sending nor the
+        send loop writing them delays the request."""
+        if self._deferred is None:
+            self._deferred = []
+
+    def flush_frames(self) -> None:
+        deferred, self._deferred = self._deferred, None
+        for frame in deferred or ():
+            self.emit(frame)
 
     def keep_notice(self, frame: Frame) -> None:
         """Keep a line the page drew without a frame of its own (a typed command) for a reload."""
@@ -276,15 +292,6 @@ class Session:
         ``unsaved`` until the write lands, so the reply's save writes it first if it has not."""
         self.unsaved[message.id] = message
         self._behind(self._save_quietly)
-
-    def hold_writes(self) -> None:
-        """The writes off the turn's path wait for its first chunk (``Writes.hold``)."""
-        if self.writes is not None:
-            self.writes.hold()
-
-    def release_writes(self) -> None:
-        if self.writes is not None:
-            self.writes.release()
 
     async def _save_quietly(self) -> None:
         try:

@@ -249,15 +249,19 @@ class Turn:
         iteration = 0
         while iteration <= limit:
             final = iteration == limit
-            reading = await self.proactive_trims(final)
-            iteration += 1
+            self.session.defer_frames()  # sent once the request has left (CallFrames)
             try:
+                reading = await self.proactive_trims(final)
+                iteration += 1
                 result = await self.call(final, reading)
             except ContextOverflow as overflow:
+                self.session.flush_frames()
                 await self.recover(overflow, final)
                 if final:  # the final answer is still owed: retry it (each recovery drops a turn)
                     iteration -= 1
                 continue
+            finally:
+                self.session.flush_frames()  # out already if the request left; else before any error
             if not result.tool_calls or final:
                 return
             await self.run_tools(result.tool_calls)
@@ -305,7 +309,8 @@ class Turn:
                         # that came with it is handled (a short reply often comes in one read); the
                         # store writes the turn held start after it.
                         await anyio.lowlevel.checkpoint()
-                        self.session.release_writes()
+                        if self.session.writes is not None:
+                            self.session.writes.release()
                     else:
                         self.on_event(event, result)
         finally:
