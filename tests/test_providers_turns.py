@@ -119,3 +119,27 @@ async def test_a_call_that_cannot_connect_shows_its_route_and_meter_before_the_e
     kinds = [f["type"] if f["type"] != "context" else f"context:{f['reason']}" for f in frames]
     assert kinds[-3:] == ["route", "context:send", "error"]
     assert frames[-1]["code"] == "unavailable"
+
+
+async def test_a_trimming_turns_frames_keep_their_order_and_come_before_the_answer(tmp_path, fake_openai):
+    """The trim's frames are deferred with the call's (Session.defer_frames) and sent, in order,
+    once the request has left: all of them while the provider still holds its answer."""
+    profile = {"kind": "openai", "base_url": fake_openai.base_url, "model": "m1", "discover_window": False}
+    data = settings_for(tmp_path, {"providers": {"p": profile}, "runtime": {"max_history_messages": 1}})
+    hold = threading.Event()
+    with serve(data) as address:
+        async with client(address) as c:
+            await c.hello()
+            await c.say("one")
+            fake_openai.enqueue(Reply(text=[], hold=hold))  # no answer until the client has them
+            await c.send("message", id="m2", content="two")
+            try:
+                frames = await c.until("route")
+                frames.append(await c.recv())
+            finally:
+                hold.set()
+            frames += await c.until("done", "error")
+    kinds = [f["type"] if f["type"] != "context" else f"context:{f['reason']}" for f in frames]
+    assert kinds[:5] == ["accepted", "history_trimmed", "context:trim", "route", "context:send"]
+    assert kinds[5:] == ["context:usage", "context:done", "done"]
+    assert [f["seq"] for f in frames] == sorted(f["seq"] for f in frames)
