@@ -70,6 +70,7 @@ class Compactor:
     async def summarize(self, session: Session, route: Route, provider: Provider,
                         plan: CompactionPlan) -> bool:
         request = ProviderRequest(route.model, summary_request(plan), (), self.max_output_tokens)
+        session.flush_frames()  # the turn's frames so far go out now, not after a summary's seconds
         try:
             parts = [event.text async for event in provider.stream(request) if isinstance(event, TextDelta)]
         except MeterchatError as exc:
