@@ -48,6 +48,7 @@ from tests.fakes.vocabularies import VOCABULARIES  # noqa: E402
 from tests.support import client, serve, settings_for  # noqa: E402
 
 WINDOWS = {"big": 32768, "small": 4096, "open": 8192}  # what the fake enforces
+COUNTED = ("c/big",)  # the routes of the provider with a count endpoint
 TOOL = "bench__"  # the model-facing prefix of the bench's MCP server's tools
 TOOLS_SERVER = {"command": sys.executable, "args": [str(ROOT / "bench" / "loadkit" / "meter_tools.py")]}
 PNG = {"media_type": "image/png", "data": "iVBORw0KGgo="}
@@ -209,6 +210,9 @@ async def replay(address: str, fake: Fake, route: str, steps: list[tuple[str, An
         await c.hello()
         await c.send("switch_model", route=route)
         await c.until("context")
+        if route in COUNTED:  # a user reads the page before typing: the switch's count lands first
+            while (await c.until("context"))[-1]["reason"] != "count":
+                pass
         turn = 0
         for kind, value in steps:
             if kind == "switch":
