@@ -210,6 +210,34 @@ def test_a_tool_reply_stopped_in_its_second_call_reloads_with_that_call_s_time(
     assert after[-1]["time"] == str(routes[-1]["created_at"]).replace("+00:00", "")[:23] + "Z"
 
 
+def test_a_message_typed_while_a_reply_streams_outlives_a_reload_until_it_is_sent(
+        browser: Browser, tmp_path: Path) -> None:
+    words = " ".join(f"word{i}" for i in range(120))
+    with running_server(config(tmp_path, delay_ms=40)) as base, opened_page(browser, base) as page:
+        open_new_chat(page)
+        send(page, f"echo {words}")
+        expect(page.locator('[data-state="streaming"] .msg-body')).to_contain_text("word2 ")
+        box = page.get_by_test_id("message-input")
+        box.fill("echo typed while it streamed\nsecond line")  # Send waits for the reply
+        reload(page)
+        expect(box).to_have_value("echo typed while it streamed\nsecond line")
+        # An edit of the last message sets the draft aside, and a cancelled edit brings it back.
+        page.get_by_test_id("stop").click()
+        expect(page.get_by_test_id("send")).to_be_enabled()
+        page.locator(".msg-row.user").last.get_by_test_id("edit-message").click()
+        expect(box).to_have_value(f"echo {words}")
+        page.get_by_test_id("edit-cancel").click()
+        expect(box).to_have_value("echo typed while it streamed\nsecond line")
+        box.press("Enter")
+        expect(page.locator(DONE).last.locator(".msg-body")).to_contain_text("typed while it streamed")
+        expect(box).to_have_value("")
+        reload(page)
+        expect(page.locator(DONE).last.locator(".msg-body")).to_contain_text("typed while it streamed")
+        expect(box).to_have_value("")  # sent: no draft comes back
+        open_new_chat(page)
+        expect(box).to_have_value("")  # a draft belongs to its session
+
+
 def test_edit_of_an_earlier_message_previews_the_drop_on_the_meter(browser: Browser, tmp_path: Path) -> None:
     with running_server(config(tmp_path)) as base, opened_page(browser, base) as page:
         open_new_chat(page)
