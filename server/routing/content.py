@@ -9,10 +9,13 @@ BPE vocabulary: 0.6 to 2.8 tokens per 4 bytes over those), so:
   what people write), and the meter learns each kind's ratio from the provider's counts;
 - ``piece_density`` prices a kind never counted yet. A tokenizer first cuts text into pieces (a
   run of letters, up to three digits, a punctuation mark, a CJK character, a line break with its
-  indentation, up to three brackets, quotes and the marks beside them) and then each piece into
-  tokens; common pieces are one token each, so tokens per piece varies far less across kinds than
-  tokens per byte (``bench/pieces.py`` measures it on three real vocabularies). A session that
-  counted a reply of one kind thus prices the first JSON after it by the pieces each holds per byte.
+  indentation, up to three brackets, quotes and the marks beside them, an English contraction's
+  ending such as ``'s``) and then each piece into tokens; common pieces are one token each, so
+  tokens per piece varies far less across kinds than tokens per byte (``bench/pieces.py`` measures
+  it on three real vocabularies). A session that counted a reply of one kind thus prices the first
+  JSON after it by the pieces each holds per byte;
+- ``Vocabulary`` is how a route's vocabulary cuts (numbers in groups or digit by digit, or words
+  and marks), as the texts its provider counted tell.
 
 Every function reads at most ``SAMPLE_CHARS`` characters of a message: the cost stays flat.
 """
@@ -32,7 +35,8 @@ CJK_SHARE = 0.3  # of a text's characters: CJK script (a token a character or mo
 DENSE_SHARE = 0.2  # of its non-space characters, neither letters nor CJK: JSON, code, tables, numbers
 _CJK = "\u3000-\u9fff\uac00-\ud7af\uff00-\uffef"
 # Brackets, quotes and the marks around them merge in runs (``[{"``, ``"],``, ``</``, ``="``).
-_PIECE = re.compile(rf"[{_CJK}]|[^\W\d_{_CJK}]+|\d+|_|\n\s*|[\[\]{{}}\",:<>/=()]{{1,3}}|[^\w\s]")
+_PIECE = re.compile(rf"'(?:s|t|re|ve|m|ll|d)\b|[{_CJK}]|[^\W\d_{_CJK}]+|\d+|_|\n\s*"
+                    rf"|[\[\]{{}}\",:<>/=()]{{1,3}}|[^\w\s]")
 _WORD = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+|[^\w\s]")  # the words cut: letters and digits joined, marks alone
 MIN_DENSITY_BYTES = 64  # a shorter text says too little about its pieces
 DIGITS_TELL = 1.05  # a text with 5 % more pieces cut digit by digit tells how a vocabulary cuts numbers

@@ -75,6 +75,9 @@ def tokens_by_server(toolbox: Toolbox, tools: Sequence[ToolSpec]) -> tuple[tuple
     return tuple((server, tool_schema_tokens(group)) for server, group in specs.items())
 
 
+PREAMBLE = "preamble"  # the ``KindRatios`` entry of a route's system prompt and tool schemas (``Opening``)
+
+
 class KindRatios:
     """The marginal ratio of each kind of content per route, as any session on it last learned it
     (routes come from the configuration, so this stays small)."""
@@ -87,6 +90,27 @@ class KindRatios:
 
     def get(self, route: str, kind: str | None) -> float | None:
         return self._by_route.get(route, {}).get(kind) if kind else None
+
+
+@dataclass(frozen=True)
+class Opening:
+    """A session's first request on a route, before any count of its own, priced in two parts: the
+    preamble (system prompt and tool schemas, ``raw`` estimated tokens) at the ratio the route's
+    earlier sessions' first counts taught (``PREAMBLE``), and the rest (the first message) at
+    ``rest``, its price by its pieces where the route has counted text, else the calibration."""
+
+    raw: int
+    ratio: float
+    rest: float
+
+    def count(self, raw: int) -> float:
+        preamble = min(raw, self.raw)
+        return self.ratio * preamble + self.rest * (raw - preamble)
+
+    def raw_for(self, figure: int) -> int:
+        if figure <= self.ratio * self.raw:
+            return math.floor(figure / self.ratio)
+        return self.raw + math.floor((figure - self.ratio * self.raw) / self.rest)
 
 
 @dataclass(frozen=True)
@@ -105,6 +129,8 @@ class Reading:
     piece_ratio: float | None = None  # a kind never counted: tokens per piece x its pieces per raw token
     density: Density | None = None  # of the text added since the last reply, while the route learns
     added: int = 0  # the messages added since the last reply
+    preamble: int = 0  # raw tokens of the system prompt and the tool schemas
+    opening: Opening | None = None  # no anchor yet: the first request's two parts, when the route knows
 
     @property
     def step_ratio(self) -> float:
@@ -135,7 +161,7 @@ class Reading:
         result) at the drop ratio."""
         anchor = self.anchor
         if anchor is None:
-            return max(0, math.ceil(self.ratio * raw))
+            return max(0, math.ceil(self.opening.count(raw) if self.opening else self.ratio * raw))
         change = raw - self.estimate
         now = self._now(anchor)
         return max(0, math.ceil(now + (self.step_ratio if change >= 0 else anchor.whole) * change))
@@ -144,7 +170,7 @@ class Reading:
         """The largest raw estimate (tools included) whose ``count`` stays within ``figure``."""
         anchor = self.anchor
         if anchor is None:
-            return math.floor(figure / self.ratio)
+            return self.opening.raw_for(figure) if self.opening else math.floor(figure / self.ratio)
         now = self._now(anchor)
         if figure >= now:
             return self.estimate + math.floor((figure - now) / self.step_ratio)
@@ -215,15 +241,48 @@ class Meter:
         route_ratio = self.kinds.get(route.name, kind)
         calibration = self.resolver.calibration.ratio(route)
         vocabulary = self.vocabulary(route.name)
-        unpriced = anchor is not None and anchor.kind_ratio(kind) is None and route_ratio is None
+        if anchor is None:
+            return self.opening_read(route, capacity, estimate + schemas, schemas, servers, messages)
+        unpriced = anchor.kind_ratio(kind) is None and route_ratio is None
         # Read the pieces only to price an unknown kind or to learn one the route has no sample of.
         density = piece_density([message.content for message in new]) \
-            if anchor is not None and (unpriced or not vocabulary.knows(kind)) else None
-        pieces = self.piece_ratio(vocabulary, anchor, new, density) if anchor is not None and unpriced \
-            else None
+            if unpriced or not vocabulary.knows(kind) else None
+        pieces = self.piece_ratio(vocabulary, anchor, new, density) if unpriced else None
         return Reading(route, capacity, self.resolver.budget(capacity), estimate + schemas, schemas,
                        calibration, anchor, self.reserve, servers, kind, route_ratio, pieces, density,
                        len(new))
+
+    def opening_read(self, route: Route, capacity: Capacity, estimate: int, schemas: int,
+                     servers: tuple[tuple[str, int], ...], messages: Sequence[ChatMessage]) -> Reading:
+        """The reading of a session's first request on ``route`` (no count of its own yet): its
+        preamble at the route's ``PREAMBLE`` ratio when earlier sessions taught it, the first message
+        by its pieces (``Opening``); the first message's pieces are read while the route has
+        counted text, to price it and to learn the preamble from the count (``counted``)."""
+        calibration = self.resolver.calibration.ratio(route)
+        preamble = schemas + sum(message.text_tokens for message in messages if message.role == "system")
+        latest = self.vocabulary(route.name).latest
+        first = [message for message in messages if message.role != "system"]
+        density = piece_density([message.content for message in first]) if latest is not None else None
+        learned = self.kinds.get(route.name, PREAMBLE)
+        opening = None
+        if learned is not None:
+            text = sum(message.text_tokens for message in first)
+            images = self.image_cost * sum(len(message.images or ()) for message in first)
+            price = self.first_price(route.name, density) or calibration
+            rest = (text * price + images * calibration) / (text + images) if text + images else calibration
+            opening = Opening(preamble, learned, rest)
+        return Reading(route, capacity, self.resolver.budget(capacity), estimate, schemas, calibration,
+                       None, self.reserve, servers, kind_of(added(messages)), density=density,
+                       added=len(first), preamble=preamble, opening=opening)
+
+    def first_price(self, route: str, density: Density | None) -> float | None:
+        """What a raw token of text of ``density`` costs on ``route`` by its pieces, at the route's
+        latest counted text's cost a piece."""
+        vocabulary = self.vocabulary(route)
+        latest = vocabulary.latest
+        if density is None or latest is None:
+            return None
+        return bounded(latest[vocabulary.cut] * density.of(vocabulary.cut))
 
     def vocabulary(self, route: str) -> Vocabulary:
         return self.vocabularies.get(route) or Vocabulary()
@@ -251,6 +310,8 @@ class Meter:
         (the next session's first content of that kind is priced by it) and what its pieces cost."""
         route, kind = reading.route.name, reading.kind
         before = anchors.get(route)
+        if before is None:
+            self.learn_preamble(reading, reported)
         anchor = anchors[route] = next_anchor(before, reading.estimate, reported, kind)
         learned = anchor.kind_ratio(kind)
         if kind is not None and learned is not None:
@@ -275,6 +336,22 @@ class Meter:
         if kind is not None and density is not None and moved.costs is not None \
                 and message.text_tokens - MESSAGE_OVERHEAD_TOKENS >= MIN_MARGINAL_RAW:
             self.learn_pieces(route, kind, moved.costs, density)
+
+    def learn_preamble(self, reading: Reading, reported: int) -> None:
+        """A session's first count on a route teaches the route what its preamble (system prompt and
+        tool schemas) costs: the count less the first message priced by its pieces. Every later
+        session's first figure on the route then prices its preamble at that ratio (``Opening``)."""
+        price = self.first_price(reading.route.name, reading.density)
+        if price is None or reading.preamble < MIN_MARGINAL_RAW or reading.kind == "message/image":
+            return  # an image's price is a guess: it would land on the preamble
+        preamble = reported - price * (reading.estimate - reading.preamble)
+        if preamble > 0:
+            self.kinds.learn(reading.route.name, PREAMBLE, bounded(preamble / reading.preamble))
+
+    def opened(self, route: str, raw: int, tokens: int) -> None:
+        """A count endpoint counted a request holding only the preamble: its ratio, exactly."""
+        if raw >= MIN_MARGINAL_RAW:
+            self.kinds.learn(route, PREAMBLE, bounded(tokens / raw))
 
     def learn_pieces(self, route: str, kind: str, costs: tuple[float, ...], density: Density) -> None:
         self.vocabularies[route] = self.vocabulary(route).learned(kind, costs, density)

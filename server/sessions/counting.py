@@ -104,6 +104,8 @@ class Counts:
                                         tools)).estimate
         anchors = session.anchors
         conversation = any(message.role != "system" for message in messages)
+        if not conversation:
+            self.rt.meter.opened(route.name, raw, counted.tokens)
         anchors[route.name] = count_anchor(anchors.get(route.name), raw, counted.tokens, conversation)
         await session.emit_meter(route, REASON)
         return True

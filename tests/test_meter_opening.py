@@ -1,0 +1,79 @@
+"""A session's first request on a route is priced in two parts (``routing.meter.Opening``): the
+preamble (system prompt and tool schemas) at the ratio earlier sessions' first counts taught the
+route, the first message by its pieces. Pure: ``Opening`` and its inverse. Through the server: a fake
+OpenAI provider (a real HTTP server) counting with each real vocabulary, tools from the real
+``mcp-server-time``; the third session's first send (a long letter) is within 4 % of the provider's
+count, where a whole-request calibration (the letter and the dense schemas at one ratio) is 15 to
+16 % over."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server.routing.meter import Opening, Reading
+from server.routing.resolver import Capacity, Route
+from tests.fakes import FakeProvider, Reply
+from tests.fakes.vocabularies import VOCABULARIES
+from tests.mcp_support import time_server
+from tests.support import client, serve, settings_for
+
+pytestmark = pytest.mark.anyio
+
+
+def test_an_opening_prices_its_preamble_and_its_rest_apart_and_inverts() -> None:
+    opening = Opening(raw=400, ratio=1.5, rest=0.8)
+    reading = Reading(Route("p", "m"), Capacity(None), 0, 500, ratio=1.0, opening=opening)
+    assert reading.figure == 600 + 80
+    assert reading.count(300) == 450  # a request shorter than the preamble (a trim budget's question)
+    for figure in (100, 599, 600, 601, 680, 5000):
+        raw = reading.raw_for(figure)
+        assert reading.count(raw) <= figure < reading.count(raw + 2)
+
+
+def counting(tokens: Any) -> Any:
+    """The provider's count with a vocabulary: its tokens, 3 a message, the tools' JSON."""
+    def count(body: dict[str, Any]) -> int:
+        total = tokens(json.dumps(body.get("tools") or []))
+        for message in body["messages"]:
+            total += 3 + tokens(message.get("content") or "")
+        return total
+    return count
+
+
+LETTER = ("Dear keeper of the clocks, I found this letter in my grandfather's sea chest, and I would "
+          "like to know what he meant by it. He writes that the ship kept two clocks below deck. ") * 12
+# Short questions, then a long letter: a whole-request ratio learned from short first requests
+# (mostly dense tool schemas) prices the letter's prose at the schemas' ratio.
+QUESTIONS = ["Tell me about the history of timekeeping at sea, and why longitude was so hard to find.",
+             "How did the marine chronometer change navigation, and who built the first one?",
+             f"{LETTER} What did he mean?"]
+ANSWER = ("Sailors could read their latitude from the sun and the stars, but longitude needs the time "
+          "at home and the time aboard: every hour between them is fifteen degrees. ") * 4
+
+
+@pytest.mark.parametrize("vocabulary", VOCABULARIES)
+async def test_a_later_sessions_first_send_prices_the_preamble_the_route_learned(
+        tmp_path: Path, fake_openai: FakeProvider, vocabulary: str) -> None:
+    tokens = VOCABULARIES[vocabulary]
+    count = counting(tokens)
+    fake_openai.default = lambda body: Reply(text=[ANSWER], usage=(count(body), tokens(ANSWER)))
+    provider = {"kind": "openai", "base_url": fake_openai.base_url, "model": "m1", "discover_window": False}
+    settings = settings_for(tmp_path, {"providers": {"p": provider}, "mcp_servers": {"time": time_server()}})
+    firsts = []
+    with serve(settings) as address:
+        for question in QUESTIONS:  # one session each: the first teaches pieces, the second the preamble
+            async with client(address) as c:
+                await c.hello()
+                frames = await c.say(question)
+            assert frames[-1]["type"] == "done", frames[-1]
+            firsts.append(next(f for f in frames if f["type"] == "context" and f["reason"] == "send"))
+    bodies = [r.json for r in fake_openai.requests]
+    assert len(bodies) == 3 and bodies[2]["tools"]  # the schemas are most of a first request
+    errors = [(send["estimated_tokens"] - count(body)) / count(body) for send, body in zip(firsts, bodies,
+                                                                                          strict=True)]
+    print("first send's error per session:", [f"{e:+.1%}" for e in errors])
+    assert abs(errors[2]) < 0.04  # a whole-request ratio: +15 to +16 %
