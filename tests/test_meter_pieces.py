@@ -108,7 +108,7 @@ def reading(meter: Meter, anchor: Anchor, new: list[ChatMessage], vocabulary: Vo
             ) -> Reading:
     vocabulary = vocabulary or Vocabulary()
     density = piece_density([m.content for m in new])
-    pieces = meter.piece_ratio(vocabulary, anchor, new, density)
+    pieces = meter.piece_ratio("p/m", vocabulary, anchor, new, density)
     return Reading(Route("p", "m"), Capacity(None), 0, anchor.raw + sum(m.text_tokens for m in new),
                    anchor=anchor, kind="tool/json", piece_ratio=pieces)
 

@@ -76,6 +76,7 @@ def tokens_by_server(toolbox: Toolbox, tools: Sequence[ToolSpec]) -> tuple[tuple
 
 
 PREAMBLE = "preamble"  # the ``KindRatios`` entry of a route's system prompt and tool schemas (``Opening``)
+IMAGE = "image"  # and of what its images cost a raw token of their configured estimate
 
 
 class KindRatios:
@@ -130,6 +131,7 @@ class Reading:
     density: Density | None = None  # of the text added since the last reply, while the route learns
     added: int = 0  # the messages added since the last reply
     preamble: int = 0  # raw tokens of the system prompt and the tool schemas
+    images: int = 0  # raw tokens of the images in the first message, while no anchor
     opening: Opening | None = None  # no anchor yet: the first request's two parts, when the route knows
 
     @property
@@ -247,7 +249,7 @@ class Meter:
         # Read the pieces only to price an unknown kind or to learn one the route has no sample of.
         density = piece_density([message.content for message in new]) \
             if unpriced or not vocabulary.knows(kind) else None
-        pieces = self.piece_ratio(vocabulary, anchor, new, density) if unpriced else None
+        pieces = self.piece_ratio(route.name, vocabulary, anchor, new, density) if unpriced else None
         return Reading(route, capacity, self.resolver.budget(capacity), estimate + schemas, schemas,
                        calibration, anchor, self.reserve, servers, kind, route_ratio, pieces, density,
                        len(new))
@@ -264,16 +266,17 @@ class Meter:
         first = [message for message in messages if message.role != "system"]
         density = piece_density([message.content for message in first]) if latest is not None else None
         learned = self.kinds.get(route.name, PREAMBLE)
+        images = self.image_cost * sum(len(message.images or ()) for message in first)
         opening = None
         if learned is not None:
             text = sum(message.text_tokens for message in first)
-            images = self.image_cost * sum(len(message.images or ()) for message in first)
             price = self.first_price(route.name, density) or calibration
-            rest = (text * price + images * calibration) / (text + images) if text + images else calibration
+            picture = self.kinds.get(route.name, IMAGE) or calibration
+            rest = (text * price + images * picture) / (text + images) if text + images else calibration
             opening = Opening(preamble, learned, rest)
         return Reading(route, capacity, self.resolver.budget(capacity), estimate, schemas, calibration,
                        None, self.reserve, servers, kind_of(added(messages)), density=density,
-                       added=len(first), preamble=preamble, opening=opening)
+                       added=len(first), preamble=preamble, images=images, opening=opening)
 
     def first_price(self, route: str, density: Density | None) -> float | None:
         """What a raw token of text of ``density`` costs on ``route`` by its pieces, at the route's
@@ -287,14 +290,15 @@ class Meter:
     def vocabulary(self, route: str) -> Vocabulary:
         return self.vocabularies.get(route) or Vocabulary()
 
-    def piece_ratio(self, vocabulary: Vocabulary, anchor: Anchor, new: Sequence[ChatMessage],
+    def piece_ratio(self, route: str, vocabulary: Vocabulary, anchor: Anchor, new: Sequence[ChatMessage],
                     density: Density | None) -> float | None:
         """The price of content of a kind never counted on the route: its text at what a piece cost
         in the session's last counted reply (else the route's latest counted text), under the cut
         the route's vocabulary makes, times the pieces per raw token it holds (``density``); its
-        images (a configured guess, ``image_token_cost``, no text) at the anchored request's ratio of
-        count to estimate (``Anchor.whole``): this session's own scale, with its images in it when
-        it had any, where the route's calibration mixes every session's content."""
+        images (a configured guess, ``image_token_cost``, no text) at what the route's first counts
+        taught them to cost (``IMAGE``), else at the anchored request's ratio of count to estimate
+        (``Anchor.whole``): this session's own scale, with its images in it when it had any, where
+        the route's calibration mixes every session's content."""
         costs = anchor.costs or vocabulary.latest
         images = self.image_cost * sum(len(message.images or ()) for message in new)
         if costs is None or (density is None and not images):
@@ -302,7 +306,8 @@ class Meter:
         text = sum(message.text_tokens for message in new)
         cut = vocabulary.cut
         price = costs[cut] * density.of(cut) if density is not None else anchor.step or 1.0
-        return bounded((text * price + images * anchor.whole) / (text + images))
+        picture = self.kinds.get(route, IMAGE) or anchor.whole
+        return bounded((text * price + images * picture) / (text + images))
 
     def counted(self, anchors: dict[str, Anchor], reading: Reading, reported: int) -> None:
         """The provider counted ``reported`` for the request ``reading`` measured: the session's
@@ -340,13 +345,23 @@ class Meter:
     def learn_preamble(self, reading: Reading, reported: int) -> None:
         """A session's first count on a route teaches the route what its preamble (system prompt and
         tool schemas) costs: the count less the first message priced by its pieces. Every later
-        session's first figure on the route then prices its preamble at that ratio (``Opening``)."""
-        price = self.first_price(reading.route.name, reading.density)
-        if price is None or reading.preamble < MIN_MARGINAL_RAW or reading.kind == "message/image":
-            return  # an image's price is a guess: it would land on the preamble
-        preamble = reported - price * (reading.estimate - reading.preamble)
-        if preamble > 0:
-            self.kinds.learn(reading.route.name, PREAMBLE, bounded(preamble / reading.preamble))
+        session's first figure on the route then prices its preamble at that ratio (``Opening``).
+        With images in the first message, the preamble already learned, the rest is what the images
+        cost (``IMAGE``): their configured estimate is only a guess."""
+        route = reading.route.name
+        if self.vocabulary(route).latest is None or reading.preamble < MIN_MARGINAL_RAW:
+            return  # nothing counted on the route prices the message yet
+        # A text too short to read its pieces (a caption) is too short to matter: the calibration.
+        price = self.first_price(route, reading.density) or reading.ratio
+        rest = reported - price * (reading.estimate - reading.preamble - reading.images)
+        if not reading.images:
+            if rest > 0:
+                self.kinds.learn(route, PREAMBLE, bounded(rest / reading.preamble))
+            return
+        learned = self.kinds.get(route, PREAMBLE)
+        pictures = rest - learned * reading.preamble if learned is not None else 0
+        if pictures > 0:
+            self.kinds.learn(route, IMAGE, bounded(pictures / reading.images))
 
     def opened(self, route: str, raw: int, tokens: int) -> None:
         """A count endpoint counted a request holding only the preamble: its ratio, exactly."""
