@@ -4,10 +4,11 @@
 
 A real meterchat server (in a thread) talks to the fake OpenAI provider (``tests/fakes``, a real
 HTTP server on 127.0.0.1) whose tokenizer is nothing like meterchat's estimate (UTF-8 bytes / 4),
-and is run once with each of four: three real vocabularies (``claude``, Claude's former BPE;
+and is run once with each of five: three real vocabularies (``claude``, Claude's former BPE;
 ``tekken``, Mistral's tiktoken-style BPE; ``llama``, a Llama 2-style SentencePiece model:
 ``tests/fakes/vocabularies.py``) and ``synthetic``, 1.3 tokens a run of letters and digits, a
-punctuation mark or a CJK character (a rule unlike real vocabularies: ``w1`` is one token, ``":`` two).
+punctuation mark or a CJK character (a rule unlike real vocabularies: ``w1`` is one token, ``":`` two),
+and ``bytes``, UTF-8 bytes / 4.4 (the demo provider's own count, the embedded default's).
 Either way 3 a message, 765 an image, tool schemas at 3.8 bytes a token. Its ``completion_tokens``
 is its own count of the reply (as a provider's is). The fake enforces a window
 per model and refuses a longer prompt with OpenAI's overflow error, which names the window.
@@ -64,7 +65,11 @@ def synthetic_tokens(text: str) -> int:
     return math.ceil(1.3 * len(_TOKENS.findall(text)))
 
 
-TOKENIZERS = {**VOCABULARIES, "synthetic": synthetic_tokens}
+def byte_tokens(text: str) -> int:
+    return math.ceil(len(text.encode("utf-8")) / 4.4)
+
+
+TOKENIZERS = {**VOCABULARIES, "synthetic": synthetic_tokens, "bytes": byte_tokens}
 _tokenizer = [synthetic_tokens]  # the one the fake counts with now
 
 

@@ -1,4 +1,4 @@
-"""A session's first request on a route is priced in two parts (``routing.meter.Opening``): the
+"""A session's first request on a route is priced in two parts (``routing.learned.Opening``): the
 preamble (system prompt and tool schemas) at the ratio earlier sessions' first counts taught the
 route, the first message by its pieces. Pure: ``Opening`` and its inverse. Through the server: a fake
 OpenAI provider (a real HTTP server) counting with each real vocabulary, tools from the real
@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from server.routing.meter import Opening, Reading
+from server.routing.learned import Opening
+from server.routing.meter import Reading
 from server.routing.resolver import Capacity, Route
 from tests.fakes import FakeProvider, Reply
 from tests.fakes.vocabularies import VOCABULARIES

@@ -8,7 +8,8 @@ images at the anchored request's whole ratio. Through the server: a fake OpenAI 
 server) counting with each vocabulary answers in code, then asks the real ``mcp-server-time`` for
 three clocks; the call carrying the first JSON results of the route is within 3 % of its count, and
 so under a word-level rule (``w1`` one token, ``":`` two). Which cut a route's counts choose: a word
-rule's counts of code and prose agree only under the words cut, a real vocabulary's never do."""
+rule's counts of code and prose agree only under the words cut, a count by bytes' only under the
+bytes cut, a real vocabulary's under neither."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import pytest
 
 from server.history.messages import ChatMessage, Image
 from server.routing.anchor import Anchor
-from server.routing.content import GROUPED, SINGLE, WORDS, Vocabulary, piece_costs, piece_density
+from server.routing.content import BYTES, GROUPED, SINGLE, WORDS, Vocabulary, piece_costs, piece_density
 from server.routing.meter import Meter, Reading
 from server.routing.resolver import Capacity, Route, RouteResolver
 from tests.fakes import Call, FakeProvider, Reply
@@ -88,16 +89,24 @@ def word_rule(text: str) -> int:
     return math.ceil(1.3 * len(WORD.findall(text)))
 
 
-def test_a_vocabulary_cuts_words_only_when_every_kind_says_so() -> None:
+def byte_rule(text: str) -> int:
+    """A count by bytes, as the demo provider's: UTF-8 bytes / 4.4."""
+    return math.ceil(len(text.encode()) / 4.4)
+
+
+def test_a_vocabulary_cuts_words_or_bytes_only_when_every_kind_says_so() -> None:
     code = " ".join(f"w{n}-{n * 7}" for n in range(80))  # short words with digits in them
     # One kind cannot tell a word rule from a vocabulary of pieces: under both, code costs near one
     # token a piece.
     assert told(word_rule, code).cut != WORDS
     assert told(word_rule, code, PROSE).cut == WORDS
     assert told(word_rule, PROSE, code, SAMPLES["json"]).cut == WORDS
+    assert told(byte_rule, code).cut != BYTES
+    assert told(byte_rule, code, PROSE).cut == BYTES
+    assert told(byte_rule, *SAMPLES.values()).cut == BYTES
     for name, count in VOCABULARIES.items():
-        assert told(count, code, PROSE, SAMPLES["json"]).cut != WORDS, name
-        assert told(count, *SAMPLES.values()).cut != WORDS, name
+        assert told(count, code, PROSE, SAMPLES["json"]).cut in (GROUPED, SINGLE), name
+        assert told(count, *SAMPLES.values()).cut in (GROUPED, SINGLE), name
 
 
 def test_a_short_text_says_nothing_of_its_pieces() -> None:
@@ -119,17 +128,17 @@ def test_an_uncounted_kind_is_priced_by_its_pieces(tmp_path: Path) -> None:
     result = ChatMessage("tool", SAMPLES["json"], tool_call_id="c1")
     density = piece_density([result.content])
     assert density is not None
-    costs = (1.1, 0.9, 1.4)  # what a piece cost in the last counted reply under each cut
+    costs = (1.1, 0.9, 1.4, 0.8)  # what a piece cost in the last counted reply under each cut
     anchor = Anchor(1000, 1200, ratio=0.6, counted=False, costs=costs)
     priced = reading(meter, anchor, [result])
     assert priced.step_ratio == pytest.approx(1.1 * density.of(GROUPED))
     for cut in (SINGLE, WORDS):  # the cut the route's counts chose
-        chosen = Vocabulary(digits=SINGLE, words=cut == WORDS)
+        chosen = Vocabulary(digits=SINGLE, flat=WORDS if cut == WORDS else None)
         expected = costs[cut] * density.of(cut)
         assert reading(meter, anchor, [result], chosen).step_ratio == pytest.approx(expected)
     assert priced.step_ratio > 2 * 0.6  # JSON costs far more per byte than the chat before it
     # With no counted reply in the session, the route's latest counted text's costs.
-    route = Vocabulary((("message/dense", (1.2, 1.0, 1.5)),))
+    route = Vocabulary((("message/dense", (1.2, 1.0, 1.5, 0.9)),))
     assert reading(meter, Anchor(1000, 1200, ratio=0.6, counted=False), [result], route).step_ratio \
         == pytest.approx(1.2 * density.of(GROUPED))
     # A kind the session counted keeps its own ratio; with nothing counted, the step as before.

@@ -99,24 +99,26 @@ def kind_of(messages: Sequence[ChatMessage]) -> str | None:
     return max(sizes, key=lambda k: sizes[k]) if sizes else None
 
 
-GROUPED, SINGLE, WORDS = range(3)  # the cuts a ``Density`` counts pieces under
-WORDS_FIT = 0.1  # under the words cut, every kind's piece cost the same within 10 % (log spread)...
-PIECES_MISS = 0.2  # ...where the pieces cut missed by over 22 %: the vocabulary cuts words
+GROUPED, SINGLE, WORDS, BYTES = range(4)  # the cuts a ``Density`` counts pieces under
+FLAT_FIT = 0.1  # under the words or bytes cut, every kind's piece cost the same within 10 % (log
+PIECES_MISS = 0.2  # spread), where the pieces cut missed by over 22 %: the vocabulary cuts that way
 
 
 @dataclass(frozen=True)
 class Density:
-    """Pieces per raw token (UTF-8 bytes / 4, the estimate's unit) of a text under three cuts, as
+    """Pieces per raw token (UTF-8 bytes / 4, the estimate's unit) of a text under four cuts, as
     vocabularies cut text before merging it into tokens:
 
     - ``GROUPED``: numbers in groups of up to three digits (cl100k, o200k, Llama 3, Claude's);
     - ``SINGLE``: numbers digit by digit (the SentencePiece vocabularies of the Llama 2 family,
       Mistral's tekken);
     - ``WORDS``: a run of letters and digits is one piece and every mark is its own (a word-level
-      pre-tokenizer such as BERT's; ``w1`` one piece, ``":`` two).
+      pre-tokenizer such as BERT's; ``w1`` one piece, ``":`` two);
+    - ``BYTES``: a raw token is one piece (a count by bytes, as the demo provider's, and estimates
+      some proxies report in place of a count).
     """
 
-    per_cut: tuple[float, float, float]
+    per_cut: tuple[float, float, float, float]
 
     def of(self, cut: int) -> float:
         return self.per_cut[cut]
@@ -144,7 +146,7 @@ def piece_density(texts: Sequence[str]) -> Density | None:
     if size < MIN_DENSITY_BYTES or not pieces + grouped or not words:
         return None
     raw = size / 4
-    return Density(((pieces + grouped) / raw, (pieces + single) / raw, words / raw))
+    return Density(((pieces + grouped) / raw, (pieces + single) / raw, words / raw, 1.0))
 
 
 def piece_costs(tokens: float, raw: float, density: Density) -> tuple[float, ...]:
@@ -157,17 +159,17 @@ class Vocabulary:
     """How a route's vocabulary cuts text, as its counts told: ``samples`` holds, per kind of
     content (``message_kind``), what a piece cost under each cut in the latest counted text of that
     kind. Numbers are cut the way under which a piece of a text rich in numbers cost nearer one
-    token (``digits``). The words cut is taken only when every kind sampled cost the same a piece
-    under it while the pieces cut missed by far: no chat model's vocabulary cuts that way, a
-    word-level rule does."""
+    token (``digits``). The words or the bytes cut (``flat``) is taken only when every kind sampled
+    cost the same a piece under it while the pieces cut missed by far: no chat model's vocabulary
+    cuts that way; a word-level rule or a count by bytes does."""
 
     samples: tuple[tuple[str, tuple[float, ...]], ...] = ()
     digits: int = GROUPED
-    words: bool = False
+    flat: int | None = None
 
     @property
     def cut(self) -> int:
-        return WORDS if self.words else self.digits
+        return self.digits if self.flat is None else self.flat
 
     @property
     def latest(self) -> tuple[float, ...] | None:
@@ -184,9 +186,12 @@ class Vocabulary:
         digits = self.digits
         if density.tells_digits:
             digits = SINGLE if abs(math.log(costs[SINGLE])) < abs(math.log(costs[GROUPED])) else GROUPED
-        words = len(samples) > 1 and _spread(samples, WORDS) < WORDS_FIT \
-            and _spread(samples, digits) > PIECES_MISS
-        return Vocabulary(samples, digits, words)
+        flat = None
+        if len(samples) > 1 and _spread(samples, digits) > PIECES_MISS:
+            fits = [(_spread(samples, cut), cut) for cut in (WORDS, BYTES)]
+            spread, cut = min(fits)
+            flat = cut if spread < FLAT_FIT else None
+        return Vocabulary(samples, digits, flat)
 
 
 def _spread(samples: Sequence[tuple[str, tuple[float, ...]]], cut: int) -> float:

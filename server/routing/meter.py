@@ -55,6 +55,7 @@ from server.routing.content import (
     piece_costs,
     piece_density,
 )
+from server.routing.learned import IMAGE, PREAMBLE, KindRatios, Opening
 from server.routing.resolver import Capacity, Route, RouteResolver
 from server.tools.toolbox import Toolbox
 
@@ -73,45 +74,6 @@ def tokens_by_server(toolbox: Toolbox, tools: Sequence[ToolSpec]) -> tuple[tuple
         tool = toolbox.find(spec.name)
         specs.setdefault(tool.server if tool is not None else "other", []).append(spec)
     return tuple((server, tool_schema_tokens(group)) for server, group in specs.items())
-
-
-PREAMBLE = "preamble"  # the ``KindRatios`` entry of a route's system prompt and tool schemas (``Opening``)
-IMAGE = "image"  # and of what its images cost a raw token of their configured estimate
-
-
-class KindRatios:
-    """The marginal ratio of each kind of content per route, as any session on it last learned it
-    (routes come from the configuration, so this stays small)."""
-
-    def __init__(self) -> None:
-        self._by_route: dict[str, dict[str, float]] = {}
-
-    def learn(self, route: str, kind: str, ratio: float) -> None:
-        self._by_route.setdefault(route, {})[kind] = ratio
-
-    def get(self, route: str, kind: str | None) -> float | None:
-        return self._by_route.get(route, {}).get(kind) if kind else None
-
-
-@dataclass(frozen=True)
-class Opening:
-    """A session's first request on a route, before any count of its own, priced in two parts: the
-    preamble (system prompt and tool schemas, ``raw`` estimated tokens) at the ratio the route's
-    earlier sessions' first counts taught (``PREAMBLE``), and the rest (the first message) at
-    ``rest``, its price by its pieces where the route has counted text, else the calibration."""
-
-    raw: int
-    ratio: float
-    rest: float
-
-    def count(self, raw: int) -> float:
-        preamble = min(raw, self.raw)
-        return self.ratio * preamble + self.rest * (raw - preamble)
-
-    def raw_for(self, figure: int) -> int:
-        if figure <= self.ratio * self.raw:
-            return math.floor(figure / self.ratio)
-        return self.raw + math.floor((figure - self.ratio * self.raw) / self.rest)
 
 
 @dataclass(frozen=True)
@@ -256,14 +218,19 @@ class Meter:
 
     def opening_read(self, route: Route, capacity: Capacity, estimate: int, schemas: int,
                      servers: tuple[tuple[str, int], ...], messages: Sequence[ChatMessage]) -> Reading:
-        """The reading of a session's first request on ``route`` (no count of its own yet): its
-        preamble at the route's ``PREAMBLE`` ratio when earlier sessions taught it, the first message
-        by its pieces (``Opening``); the first message's pieces are read while the route has
-        counted text, to price it and to learn the preamble from the count (``counted``)."""
+        """The reading of a request to ``route`` with no count of this session's on it. A session's
+        first message: its preamble at the route's ``PREAMBLE`` ratio when earlier sessions taught
+        it, the message by its pieces (``Opening``), read while the route has counted text, to price
+        it and to learn the preamble from the count (``counted``). A conversation switched to the
+        route: the route's calibration, a whole-request ratio of the same mix (``preamble`` left 0:
+        its count teaches no preamble)."""
         calibration = self.resolver.calibration.ratio(route)
+        first = [message for message in messages if message.role != "system"]
+        if any(message.role == "assistant" for message in first):  # a conversation switched here
+            return Reading(route, capacity, self.resolver.budget(capacity), estimate, schemas, calibration,
+                           None, self.reserve, servers, kind_of(added(messages)))
         preamble = schemas + sum(message.text_tokens for message in messages if message.role == "system")
         latest = self.vocabulary(route.name).latest
-        first = [message for message in messages if message.role != "system"]
         density = piece_density([message.content for message in first]) if latest is not None else None
         learned = self.kinds.get(route.name, PREAMBLE)
         images = self.image_cost * sum(len(message.images or ()) for message in first)
@@ -350,7 +317,7 @@ class Meter:
         cost (``IMAGE``): their configured estimate is only a guess."""
         route = reading.route.name
         if self.vocabulary(route).latest is None or reading.preamble < MIN_MARGINAL_RAW:
-            return  # nothing counted on the route prices the message yet
+            return  # nothing counted on the route prices the message yet, or not a first message
         # A text too short to read its pieces (a caption) is too short to matter: the calibration.
         price = self.first_price(route, reading.density) or reading.ratio
         rest = reported - price * (reading.estimate - reading.preamble - reading.images)
