@@ -9,14 +9,17 @@ count, where a whole-request calibration (the letter and the dense schemas at on
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from server.routing.learned import Opening
-from server.routing.meter import Reading
-from server.routing.resolver import Capacity, Route
+from server.history.messages import ChatMessage
+from server.routing.content import Vocabulary
+from server.routing.learned import PREAMBLE, Opening
+from server.routing.meter import Meter, Reading
+from server.routing.resolver import Capacity, Route, RouteResolver
 from tests.fakes import FakeProvider, Reply
 from tests.fakes.vocabularies import VOCABULARIES
 from tests.mcp_support import time_server
@@ -37,6 +40,22 @@ def test_an_opening_prices_its_preamble_and_its_rest_apart_and_inverts() -> None
 
 IMAGE_TOKENS = 765  # what the provider counts an image (the meter's configured guess: 1,000)
 PNG = {"media_type": "image/png", "data": "iVBORw0KGgo="}
+
+
+async def test_a_conversation_switched_to_a_route_is_no_first_message(tmp_path: Path) -> None:
+    settings = settings_for(tmp_path)
+    meter = Meter(RouteResolver(settings, {}), settings.providers)
+    meter.kinds.learn("demo/demo-small", PREAMBLE, 1.4)
+    meter.vocabularies["demo/demo-small"] = Vocabulary((("message/prose", (1.0, 1.0, 1.0, 0.9)),))
+    route = Route("demo", "demo-small")
+    system, question = ChatMessage("system", "Be brief. " * 20), ChatMessage("user", "and now? " * 20)
+    first = await meter.read(route, 200, [], messages=[system, question])
+    assert first.opening is not None and first.preamble == system.text_tokens
+    switched = await meter.read(route, 900, [], messages=[system, ChatMessage("user", "look up paper moon"),
+                                                          ChatMessage("assistant", "Every night " * 90),
+                                                          question])
+    assert switched.opening is None and switched.preamble == 0  # its count teaches no preamble either
+    assert switched.figure == math.ceil(switched.ratio * 900)
 
 
 def counting(tokens: Any) -> Any:
