@@ -82,14 +82,21 @@ ANSWER = ("Sailors could read their latitude from the sun and the stars, but lon
           "at home and the time aboard: every hour between them is fifteen degrees. ") * 4
 
 
+def answering_in_prose(tmp_path: Path, fake: FakeProvider, vocabulary: str) -> Any:
+    """The settings of a server whose provider (``fake``) counts with ``vocabulary`` and answers
+    ``ANSWER``, offered the real ``mcp-server-time``'s tools."""
+    tokens = VOCABULARIES[vocabulary]
+    count = counting(tokens)
+    fake.default = lambda body: Reply(text=[ANSWER], usage=(count(body), tokens(ANSWER)))
+    provider = {"kind": "openai", "base_url": fake.base_url, "model": "m1", "discover_window": False}
+    return settings_for(tmp_path, {"providers": {"p": provider}, "mcp_servers": {"time": time_server()}})
+
+
 @pytest.mark.parametrize("vocabulary", VOCABULARIES)
 async def test_a_later_sessions_first_send_prices_the_preamble_the_route_learned(
         tmp_path: Path, fake_openai: FakeProvider, vocabulary: str) -> None:
-    tokens = VOCABULARIES[vocabulary]
-    count = counting(tokens)
-    fake_openai.default = lambda body: Reply(text=[ANSWER], usage=(count(body), tokens(ANSWER)))
-    provider = {"kind": "openai", "base_url": fake_openai.base_url, "model": "m1", "discover_window": False}
-    settings = settings_for(tmp_path, {"providers": {"p": provider}, "mcp_servers": {"time": time_server()}})
+    count = counting(VOCABULARIES[vocabulary])
+    settings = answering_in_prose(tmp_path, fake_openai, vocabulary)
     firsts = []
     with serve(settings) as address:
         for question in QUESTIONS:  # one session each: the first teaches pieces, the second the preamble
@@ -109,11 +116,8 @@ async def test_a_later_sessions_first_send_prices_the_preamble_the_route_learned
 @pytest.mark.parametrize("vocabulary", VOCABULARIES)
 async def test_the_first_count_with_an_image_teaches_what_an_image_costs(
         tmp_path: Path, fake_openai: FakeProvider, vocabulary: str) -> None:
-    tokens = VOCABULARIES[vocabulary]
-    count = counting(tokens)
-    fake_openai.default = lambda body: Reply(text=[ANSWER], usage=(count(body), tokens(ANSWER)))
-    provider = {"kind": "openai", "base_url": fake_openai.base_url, "model": "m1", "discover_window": False}
-    settings = settings_for(tmp_path, {"providers": {"p": provider}, "mcp_servers": {"time": time_server()}})
+    count = counting(VOCABULARIES[vocabulary])
+    settings = answering_in_prose(tmp_path, fake_openai, vocabulary)
     with serve(settings) as address:
         for question in QUESTIONS[:2]:  # the route learns its pieces, then its preamble
             async with client(address) as c:
