@@ -4,10 +4,11 @@
 
 A real meterchat server (in a thread) talks to the fake OpenAI provider (``tests/fakes``, a real
 HTTP server on 127.0.0.1) whose tokenizer is nothing like meterchat's estimate (UTF-8 bytes / 4),
-and is run once with each of four: three real vocabularies (``claude``, Claude's former BPE;
+and is run once with each of five: three real vocabularies (``claude``, Claude's former BPE;
 ``tekken``, Mistral's tiktoken-style BPE; ``llama``, a Llama 2-style SentencePiece model:
 ``tests/fakes/vocabularies.py``) and ``synthetic``, 1.3 tokens a run of letters and digits, a
-punctuation mark or a CJK character (a rule unlike real vocabularies: ``w1`` is one token, ``":`` two).
+punctuation mark or a CJK character (a rule unlike real vocabularies: ``w1`` is one token, ``":`` two),
+and ``bytes``, UTF-8 bytes / 4.4 (the demo provider's own count, the embedded default's).
 Either way 3 a message, 765 an image, tool schemas at 3.8 bytes a token. Its ``completion_tokens``
 is its own count of the reply (as a provider's is). The fake enforces a window
 per model and refuses a longer prompt with OpenAI's overflow error, which names the window.
@@ -48,6 +49,7 @@ from tests.fakes.vocabularies import VOCABULARIES  # noqa: E402
 from tests.support import client, serve, settings_for  # noqa: E402
 
 WINDOWS = {"big": 32768, "small": 4096, "open": 8192}  # what the fake enforces
+COUNTED = ("c/big",)  # the routes of the provider with a count endpoint
 TOOL = "bench__"  # the model-facing prefix of the bench's MCP server's tools
 TOOLS_SERVER = {"command": sys.executable, "args": [str(ROOT / "bench" / "loadkit" / "meter_tools.py")]}
 PNG = {"media_type": "image/png", "data": "iVBORw0KGgo="}
@@ -63,7 +65,11 @@ def synthetic_tokens(text: str) -> int:
     return math.ceil(1.3 * len(_TOKENS.findall(text)))
 
 
-TOKENIZERS = {**VOCABULARIES, "synthetic": synthetic_tokens}
+def byte_tokens(text: str) -> int:
+    return math.ceil(len(text.encode("utf-8")) / 4.4)
+
+
+TOKENIZERS = {**VOCABULARIES, "synthetic": synthetic_tokens, "bytes": byte_tokens}
 _tokenizer = [synthetic_tokens]  # the one the fake counts with now
 
 
@@ -209,6 +215,9 @@ async def replay(address: str, fake: Fake, route: str, steps: list[tuple[str, An
         await c.hello()
         await c.send("switch_model", route=route)
         await c.until("context")
+        if route in COUNTED:  # a user reads the page before typing: the switch's count lands first
+            while (await c.until("context"))[-1]["reason"] != "count":
+                pass
         turn = 0
         for kind, value in steps:
             if kind == "switch":

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from server.routing.content import Density, piece_density, tokens_per_piece  # noqa: E402
+from server.routing.content import GROUPED, Vocabulary, piece_costs, piece_density  # noqa: E402
 from tests.fakes.vocabularies import VOCABULARIES  # noqa: E402
 
 WORDS = "the meter shows how full the next request is before it is sent and what a trim leaves".split()
@@ -58,16 +58,18 @@ def main() -> None:
     args = parser.parse_args()
     texts = samples(10 if args.quick else 60)
     for name, count in VOCABULARIES.items():
-        csv = texts["csv"]
-        digits = tokens_per_piece(count(csv), len(csv) // 4, piece_density([csv]) or Density(1, 1), 3)[1]
-        print(f"\n{name} (numbers cut {'in groups of up to three' if digits == 3 else 'digit by digit'})\n")
+        csv, density = texts["csv"], piece_density([texts["csv"]])
+        assert density is not None
+        cut = Vocabulary().learned("csv", piece_costs(count(csv), len(csv) / 4, density), density).cut
+        numbers = "in groups of up to three" if cut == GROUPED else "digit by digit"
+        print(f"\n{name} (numbers cut {numbers})\n")
         print("| text | tokens per raw token | tokens per piece |")
         print("|---|---|---|")
         per_raw, per_piece = {}, {}
         for kind, text in texts.items():
-            tokens, raw, density = count(text), len(text.encode("utf-8")) / 4, piece_density([text])
-            assert density is not None
-            per_raw[kind], per_piece[kind] = tokens / raw, tokens / (density.of(digits) * raw)
+            tokens, raw, sample = count(text), len(text.encode("utf-8")) / 4, piece_density([text])
+            assert sample is not None
+            per_raw[kind], per_piece[kind] = tokens / raw, tokens / (sample.of(cut) * raw)
             print(f"| {kind} | {per_raw[kind]:.2f} | {per_piece[kind]:.2f} |")
         core = [k for k in texts if k not in ("german", "base64")]
         for label, values in (("all", list(texts)), ("without german and base64", core)):

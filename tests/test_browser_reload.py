@@ -158,13 +158,19 @@ def test_a_reload_after_each_kind_of_event_shows_what_the_live_page_showed(
         assert all(r["foot"] and "$" in r["foot"] for r in rows if r["state"] == "done")
 
 
+def start_a_long_reply(page: Page) -> str:
+    """A new chat whose echo of 120 words is streaming; its words."""
+    words = " ".join(f"word{i}" for i in range(120))
+    open_new_chat(page)
+    send(page, f"echo {words}")
+    expect(page.locator('[data-state="streaming"] .msg-body')).to_contain_text("word2 ")
+    return words
+
+
 def test_a_reply_streaming_through_a_reload_stays_streaming_and_a_stopped_one_stays_stopped(
         browser: Browser, tmp_path: Path) -> None:
-    words = " ".join(f"word{i}" for i in range(120))
     with running_server(config(tmp_path, delay_ms=40)) as base, opened_page(browser, base) as page:
-        open_new_chat(page)
-        send(page, f"echo {words}")
-        expect(page.locator('[data-state="streaming"] .msg-body')).to_contain_text("word2 ")
+        start_a_long_reply(page)
         live_route = page.locator(ASSISTANT).last.locator(".route").text_content()
         reload(page)
         reply = page.locator(ASSISTANT).last
@@ -208,6 +214,31 @@ def test_a_tool_reply_stopped_in_its_second_call_reloads_with_that_call_s_time(
         after = reloads_the_same(page, "stopped-second-call")
     assert len(routes) == 2 and after[-1]["tools"][0][1] == "done" and after[-1]["state"] == "stopped"
     assert after[-1]["time"] == str(routes[-1]["created_at"]).replace("+00:00", "")[:23] + "Z"
+
+
+def test_a_message_typed_while_a_reply_streams_outlives_a_reload_until_it_is_sent(
+        browser: Browser, tmp_path: Path) -> None:
+    with running_server(config(tmp_path, delay_ms=40)) as base, opened_page(browser, base) as page:
+        words = start_a_long_reply(page)
+        box = page.get_by_test_id("message-input")
+        box.fill("echo typed while it streamed\nsecond line")  # Send waits for the reply
+        reload(page)
+        expect(box).to_have_value("echo typed while it streamed\nsecond line")
+        # An edit of the last message sets the draft aside, and a cancelled edit brings it back.
+        page.get_by_test_id("stop").click()
+        expect(page.get_by_test_id("send")).to_be_enabled()
+        page.locator(".msg-row.user").last.get_by_test_id("edit-message").click()
+        expect(box).to_have_value(f"echo {words}")
+        page.get_by_test_id("edit-cancel").click()
+        expect(box).to_have_value("echo typed while it streamed\nsecond line")
+        box.press("Enter")
+        expect(page.locator(DONE).last.locator(".msg-body")).to_contain_text("typed while it streamed")
+        expect(box).to_have_value("")
+        reload(page)
+        expect(page.locator(DONE).last.locator(".msg-body")).to_contain_text("typed while it streamed")
+        expect(box).to_have_value("")  # sent: no draft comes back
+        open_new_chat(page)
+        expect(box).to_have_value("")  # a draft belongs to its session
 
 
 def test_edit_of_an_earlier_message_previews_the_drop_on_the_meter(browser: Browser, tmp_path: Path) -> None:

@@ -60,8 +60,11 @@ def test_browser_signin_wrong_then_right_password_then_sign_out(page: Page) -> N
     expect(page.get_by_test_id("connection-status")).to_have_attribute("data-status", "online")
     expect(page.get_by_test_id("account-name")).to_have_text("alice")
     send_and_wait(page, "echo only alice reads this")
+    page.get_by_test_id("message-input").fill("a draft only alice may read")
+    assert "only alice may read" in page.evaluate("() => localStorage.getItem('meterchat.drafts')")
     page.get_by_test_id("sign-out").click()
     expect(page).to_have_url(re.compile(r"/signin$"))
+    assert page.evaluate("() => localStorage.getItem('meterchat.drafts')") is None  # not left for the next
     page.goto("/")
     expect(page).to_have_url(re.compile(r"/signin$"))  # the cookie no longer opens the chat
 

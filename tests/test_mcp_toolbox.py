@@ -98,6 +98,32 @@ async def test_missing_server_is_one_line_and_the_rest_start(caplog):
     assert output.is_error
 
 
+async def test_a_server_whose_tools_change_is_listed_again():
+    # The SDK's server speaks the 2026-07-28 protocol: the change comes on a subscriptions/listen
+    # stream (a bare notification is not delivered at that protocol).
+    async with toolbox({"f": faulty_server()}) as (box, specs):
+        profile = settings_from_mapping({"providers": {"p": OPENAI}}, env={}).providers["p"]
+        assert "f__extra_1" not in [s.name for s in specs]
+        assert (await run(box, specs, "f__grow", way="listen")).text == "extra_1"
+        with anyio.fail_after(5):  # until the changed list is read (a listing round trip)
+            while "f__extra_1" not in [s.name for s in box.specs(profile)]:
+                await anyio.sleep(0.01)
+        output = await run(box, box.specs(profile), "f__extra_1")
+    assert not output.is_error and output.text == "extra_1"
+
+
+async def test_an_older_servers_notification_of_changed_tools_is_listed_again(caplog):
+    # server-everything speaks the 2025-11-25 protocol and registers the tools that depend on the
+    # client's capabilities once it is initialized: it says so with notifications/tools/list_changed.
+    caplog.set_level(logging.INFO, logger="server.tools.connection")
+    async with toolbox({"ev": everything_stdio()}) as (box, _specs):
+        with anyio.fail_after(10):
+            while not any("MCP server ev: its tools changed" in r.getMessage() for r in caplog.records):
+                await anyio.sleep(0.01)
+        profile = settings_from_mapping({"providers": {"p": OPENAI}}, env={}).providers["p"]
+        assert "ev__simulate-research-query" in [s.name for s in box.specs(profile)]
+
+
 async def test_hanging_call_ends_at_the_call_timeout_and_the_server_goes_on():
     async with toolbox({"f": faulty_server(call_timeout_seconds=0.5)}) as (box, specs):
         hung = await run(box, specs, "f__hang")
@@ -144,7 +170,7 @@ async def test_five_hundred_tools_are_bounded(caplog):
     assert 0 < len(specs) <= 100
     assert sum(schema_bytes(s) for s in specs) <= 40_000
     left_out = [r.getMessage() for r in caplog.records if "tools left out" in r.getMessage()]
-    assert len(left_out) == 1 and left_out[0].startswith(f"MCP server f: {504 - len(specs)} tools left out")
+    assert len(left_out) == 1 and left_out[0].startswith(f"MCP server f: {505 - len(specs)} tools left out")
 
 
 async def test_readme_tools_example_starts_the_time_server():

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from server.routing.meter import Anchor, Reading
+from server.routing.anchor import Anchor
+from server.routing.meter import Reading
 from server.routing.resolver import Capacity, Route
 from tests.fakes import FakeProvider, Reply
 from tests.fakes.vocabularies import VOCABULARIES

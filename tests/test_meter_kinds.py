@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from server.history.messages import ChatMessage, Image
+from server.routing.anchor import Anchor, next_anchor
 from server.routing.content import content_kind, text_kind
-from server.routing.meter import Anchor, Reading, next_anchor
+from server.routing.meter import Reading
 from server.routing.resolver import Capacity, Route
 from tests.fakes import Call, FakeProvider, Reply
 from tests.mcp_support import time_server

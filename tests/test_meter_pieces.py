@@ -4,21 +4,27 @@ Against three real vocabularies (``tests/fakes/vocabularies.py``): tokens per pi
 across prose, code, JSON, CSV, logs and CJK than tokens per byte, once a vocabulary's way of cutting
 numbers is known, and a counted reply with numbers in it tells that way. Units: a reading prices an
 uncounted kind at the last counted reply's tokens per piece times the new content's pieces, and its
-images at the route's whole-request ratio. Through the server: a fake OpenAI provider (a real HTTP
+images at the anchored request's whole ratio. Through the server: a fake OpenAI provider (a real HTTP
 server) counting with each vocabulary answers in code, then asks the real ``mcp-server-time`` for
-three clocks; the call carrying the first JSON results of the route is within 3 % of its count."""
+three clocks; the call carrying the first JSON results of the route is within 3 % of its count, and
+so under a word-level rule (``w1`` one token, ``":`` two). Which cut a route's counts choose: a word
+rule's counts of code and prose agree only under the words cut, a count by bytes' only under the
+bytes cut, a real vocabulary's under neither."""
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from server.history.messages import ChatMessage, Image
-from server.routing.content import Density, piece_density, tokens_per_piece
-from server.routing.meter import Anchor, Meter, Reading
+from server.routing.anchor import Anchor
+from server.routing.content import BYTES, GROUPED, SINGLE, WORDS, Vocabulary, piece_costs, piece_density
+from server.routing.meter import Meter, Reading
 from server.routing.resolver import Capacity, Route, RouteResolver
 from tests.fakes import Call, FakeProvider, Reply
 from tests.fakes.vocabularies import VOCABULARIES
@@ -43,35 +49,77 @@ SAMPLES = {
 }
 
 
+def told(count: Any, *texts: str) -> Vocabulary:
+    """The vocabulary as counts of ``texts`` (one kind each) under ``count`` tell it."""
+    vocabulary = Vocabulary()
+    for n, text in enumerate(texts):
+        density = piece_density([text])
+        assert density is not None
+        costs = piece_costs(count(text), len(text.encode()) / 4, density)
+        vocabulary = vocabulary.learned(f"kind {n}", costs, density)
+    return vocabulary
+
+
 @pytest.mark.parametrize("vocabulary", VOCABULARIES)
 def test_tokens_per_piece_is_steadier_than_tokens_per_byte(vocabulary: str) -> None:
     count = VOCABULARIES[vocabulary]
-    digits = tokens_per_piece(count(SAMPLES["csv"]), len(SAMPLES["csv"]) // 4,
-                              piece_density([SAMPLES["csv"]]) or Density(1, 1), 3)[1]
+    cut = told(count, SAMPLES["csv"]).cut
     per_byte, per_piece = {}, {}
     for name, text in SAMPLES.items():
         tokens = count(text)
         raw = len(text.encode("utf-8")) / 4
         density = piece_density([text])
         assert density is not None
-        per_byte[name], per_piece[name] = tokens / raw, tokens / (density.of(digits) * raw)
-    print(vocabulary, "numbers cut by", digits)
+        per_byte[name], per_piece[name] = tokens / raw, tokens / (density.of(cut) * raw)
+    print(vocabulary, "cuts", cut)
     print("tokens per raw token:", {k: round(v, 2) for k, v in per_byte.items()})
     print("tokens per piece:", {k: round(v, 2) for k, v in per_piece.items()})
     assert max(per_byte.values()) / min(per_byte.values()) > 1.8
     # The widest is llama's indented JSON (1.31): SentencePiece spends tokens on indentation.
     assert max(per_piece.values()) / min(per_piece.values()) < 1.35
-    assert digits == (3 if vocabulary == "claude" else 1)  # Claude's groups numbers, the others do not
+    assert cut == (GROUPED if vocabulary == "claude" else SINGLE)  # Claude's groups numbers, the others not
+
+
+WORD = re.compile(r"[\u3000-\u9fff]|[^\W\u3000-\u9fff]+|[^\w\s]")
+
+
+def word_rule(text: str) -> int:
+    """A word-level rule, as ``bench/meter.py``'s synthetic fake counts: 1.3 tokens a run of
+    letters and digits, a mark or a CJK character (``w1`` one token, ``":`` two)."""
+    return math.ceil(1.3 * len(WORD.findall(text)))
+
+
+def byte_rule(text: str) -> int:
+    """A count by bytes, as the demo provider's: UTF-8 bytes / 4.4."""
+    return math.ceil(len(text.encode()) / 4.4)
+
+
+def test_a_vocabulary_cuts_words_or_bytes_only_when_every_kind_says_so() -> None:
+    code = " ".join(f"w{n}-{n * 7}" for n in range(80))  # short words with digits in them
+    # One kind cannot tell a word rule from a vocabulary of pieces: under both, code costs near one
+    # token a piece.
+    assert told(word_rule, code).cut != WORDS
+    assert told(word_rule, code, PROSE).cut == WORDS
+    assert told(word_rule, PROSE, code, SAMPLES["json"]).cut == WORDS
+    assert told(byte_rule, code).cut != BYTES
+    assert told(byte_rule, code, PROSE).cut == BYTES
+    assert told(byte_rule, *SAMPLES.values()).cut == BYTES
+    for name, count in VOCABULARIES.items():
+        assert told(count, code, PROSE, SAMPLES["json"]).cut in (GROUPED, SINGLE), name
+        assert told(count, *SAMPLES.values()).cut in (GROUPED, SINGLE), name
 
 
 def test_a_short_text_says_nothing_of_its_pieces() -> None:
     assert piece_density(["ok"]) is None and piece_density([]) is None
 
 
-def reading(meter: Meter, anchor: Anchor, new: list[ChatMessage], calibration: float = 0.8) -> Reading:
-    pieces = meter.piece_ratio("p/m", anchor, new, calibration)
+def reading(meter: Meter, anchor: Anchor, new: list[ChatMessage], vocabulary: Vocabulary | None = None
+            ) -> Reading:
+    vocabulary = vocabulary or Vocabulary()
+    density = piece_density([m.content for m in new])
+    pieces = meter.piece_ratio("p/m", vocabulary, anchor, new, density)
     return Reading(Route("p", "m"), Capacity(None), 0, anchor.raw + sum(m.text_tokens for m in new),
-                   ratio=calibration, anchor=anchor, kind="tool/json", piece_ratio=pieces)
+                   anchor=anchor, kind="tool/json", piece_ratio=pieces)
 
 
 def test_an_uncounted_kind_is_priced_by_its_pieces(tmp_path: Path) -> None:
@@ -80,20 +128,30 @@ def test_an_uncounted_kind_is_priced_by_its_pieces(tmp_path: Path) -> None:
     result = ChatMessage("tool", SAMPLES["json"], tool_call_id="c1")
     density = piece_density([result.content])
     assert density is not None
-    anchor = Anchor(1000, 1200, ratio=0.6, counted=False, per_piece=1.1)
+    costs = (1.1, 0.9, 1.4, 0.8)  # what a piece cost in the last counted reply under each cut
+    anchor = Anchor(1000, 1200, ratio=0.6, counted=False, costs=costs)
     priced = reading(meter, anchor, [result])
-    assert priced.step_ratio == pytest.approx(1.1 * density.grouped)
-    single = Anchor(1000, 1200, ratio=0.6, counted=False, per_piece=1.1, digits=1)
-    assert reading(meter, single, [result]).step_ratio == pytest.approx(1.1 * density.single)
-    assert priced.step_ratio > 2 * anchor.step  # JSON costs far more per byte than the chat before it
-    # A kind the session counted keeps its own ratio; with no counted reply, the step as before.
-    learned = Anchor(1000, 1200, ratio=0.6, counted=False, per_piece=1.1, kinds=(("tool/json", 1.7),))
+    assert priced.step_ratio == pytest.approx(1.1 * density.of(GROUPED))
+    for cut in (SINGLE, WORDS):  # the cut the route's counts chose
+        chosen = Vocabulary(digits=SINGLE, flat=WORDS if cut == WORDS else None)
+        expected = costs[cut] * density.of(cut)
+        assert reading(meter, anchor, [result], chosen).step_ratio == pytest.approx(expected)
+    assert priced.step_ratio > 2 * 0.6  # JSON costs far more per byte than the chat before it
+    # With no counted reply in the session, the route's latest counted text's costs.
+    route = Vocabulary((("message/dense", (1.2, 1.0, 1.5, 0.9)),))
+    assert reading(meter, Anchor(1000, 1200, ratio=0.6, counted=False), [result], route).step_ratio \
+        == pytest.approx(1.2 * density.of(GROUPED))
+    # A kind the session counted keeps its own ratio; with nothing counted, the step as before.
+    learned = Anchor(1000, 1200, ratio=0.6, counted=False, costs=costs, kinds=(("tool/json", 1.7),))
     assert reading(meter, learned, [result]).step_ratio == 1.7
     assert reading(meter, Anchor(1000, 1200, ratio=0.6, counted=False), [result]).step_ratio == 0.6
-    # An image is priced at the route's whole-request ratio, its caption by its pieces.
-    picture = ChatMessage("user", "and what is in this one?", images=[Image("image/png", "iVBORw0KGgo=")])
-    mixed = reading(meter, anchor, [picture], calibration=0.77)
-    assert mixed.step_ratio == pytest.approx((picture.text_tokens * 0.6 + 1000 * 0.77)
+    # An image is priced at the anchored request's whole ratio, its caption by its pieces.
+    image = Image("image/png", "iVBORw0KGgo=")
+    picture = ChatMessage("user", "and what is in this one? " * 4, images=[image])
+    caption = piece_density([picture.content])
+    assert caption is not None
+    mixed = reading(meter, anchor, [picture])
+    assert mixed.step_ratio == pytest.approx((picture.text_tokens * 1.1 * caption.of(GROUPED) + 1000 * 1.2)
                                              / (picture.text_tokens + 1000))
 
 
@@ -124,10 +182,10 @@ def answering(tokens: Any) -> Any:
     return answer
 
 
-@pytest.mark.parametrize("vocabulary", VOCABULARIES)
+@pytest.mark.parametrize("vocabulary", [*VOCABULARIES, "word rule"])
 async def test_the_first_json_of_a_route_is_priced_by_its_pieces(tmp_path: Path, fake_openai: FakeProvider,
                                                                  vocabulary: str) -> None:
-    tokens = VOCABULARIES[vocabulary]
+    tokens = VOCABULARIES.get(vocabulary, word_rule)
     fake_openai.default = answering(tokens)
     provider = {"kind": "openai", "base_url": fake_openai.base_url, "model": "m1", "discover_window": False}
     settings = settings_for(tmp_path, {"providers": {"p": provider}, "mcp_servers": {"time": time_server()}})
@@ -135,7 +193,9 @@ async def test_the_first_json_of_a_route_is_priced_by_its_pieces(tmp_path: Path,
         async with client(address) as c:
             await c.hello()
             frames = await c.say("Write twelve small step functions in Python, please.")
-            frames += await c.say("Now read three clocks for me: Tokyo, Lima and Paris.")
+            # Long enough to be sampled: with the code before it, it tells a word rule apart.
+            frames += await c.say("Now read three clocks for me, Tokyo, Lima and Paris, and tell me which "
+                                  "of the three cities is nearest to the end of its working day today.")
     assert frames[-1]["type"] == "done", frames[-1]
     sends = [f for f in of_type(frames, "context") if f["reason"] == "send"]
     bodies = [r.json for r in fake_openai.requests]

@@ -6,7 +6,8 @@ import pytest
 
 from server.history.ledger import HistoryLedger
 from server.history.messages import ChatMessage, Image, estimate_history_tokens
-from server.routing.meter import Anchor, Reading, breakdown, next_anchor
+from server.routing.anchor import Anchor, count_anchor, next_anchor
+from server.routing.meter import Reading, breakdown
 from server.routing.resolver import Capacity, Route
 
 ROUTE = Route("p", "m", "default")
@@ -63,3 +64,14 @@ def test_breakdown_parts_add_up_to_the_history_estimate() -> None:
     assert parts["system_tokens"] == 2 * messages[0].text_tokens
     assert parts["system_tokens"] + parts["history_tokens"] + parts["image_tokens"] == 2 * ledger.estimate
     assert parts["trimmed_tokens"] == 140
+
+
+def test_a_count_of_a_conversation_prices_what_comes_next_and_one_of_its_preamble_does_not() -> None:
+    # A session just opened: the system prompt and tool schemas counted at 1.4 a raw token (schemas
+    # are dense) say nothing of a question's price; the route's calibration (0.9) prices it.
+    opened = count_anchor(None, 500, 700, conversation=False)
+    assert reading(600, ratio=0.9, anchor=opened).figure == 700 + 90
+    chatted = count_anchor(None, 500, 700)
+    assert reading(600, ratio=0.9, anchor=chatted).figure == 700 + 140
+    # A count after a reply keeps the price the session learned.
+    assert reading(600, ratio=0.9, anchor=count_anchor(Anchor(400, 380, base=0.8), 500, 700)).figure == 780

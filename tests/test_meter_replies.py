@@ -14,7 +14,8 @@ from server.config.settings import ProviderProfile
 from server.history.messages import ChatMessage
 from server.providers import build_provider
 from server.providers.base import ProviderRequest, Usage
-from server.routing.meter import Anchor, Reading, next_anchor, reply_tokens
+from server.routing.anchor import Anchor, next_anchor, reply_tokens
+from server.routing.meter import Reading
 from server.routing.resolver import Capacity, Route
 from tests.fakes import FakeOpenAI, Reply, drain
 from tests.support import client, serve, settings_for

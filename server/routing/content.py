@@ -9,10 +9,13 @@ BPE vocabulary: 0.6 to 2.8 tokens per 4 bytes over those), so:
   what people write), and the meter learns each kind's ratio from the provider's counts;
 - ``piece_density`` prices a kind never counted yet. A tokenizer first cuts text into pieces (a
   run of letters, up to three digits, a punctuation mark, a CJK character, a line break with its
-  indentation, up to three brackets, quotes and the marks beside them) and then each piece into
-  tokens; common pieces are one token each, so tokens per piece varies far less across kinds than
-  tokens per byte (``bench/pieces.py`` measures it on three real vocabularies). A session that
-  counted a reply of one kind thus prices the first JSON after it by the pieces each holds per byte.
+  indentation, up to three brackets, quotes and the marks beside them, an English contraction's
+  ending such as ``'s``) and then each piece into tokens; common pieces are one token each, so
+  tokens per piece varies far less across kinds than tokens per byte (``bench/pieces.py`` measures
+  it on three real vocabularies). A session that counted a reply of one kind thus prices the first
+  JSON after it by the pieces each holds per byte;
+- ``Vocabulary`` is how a route's vocabulary cuts (numbers in groups or digit by digit, or words
+  and marks), as the texts its provider counted tell.
 
 Every function reads at most ``SAMPLE_CHARS`` characters of a message: the cost stays flat.
 """
@@ -32,7 +35,9 @@ CJK_SHARE = 0.3  # of a text's characters: CJK script (a token a character or mo
 DENSE_SHARE = 0.2  # of its non-space characters, neither letters nor CJK: JSON, code, tables, numbers
 _CJK = "\u3000-\u9fff\uac00-\ud7af\uff00-\uffef"
 # Brackets, quotes and the marks around them merge in runs (``[{"``, ``"],``, ``</``, ``="``).
-_PIECE = re.compile(rf"[{_CJK}]|[^\W\d_{_CJK}]+|\d+|_|\n\s*|[\[\]{{}}\",:<>/=()]{{1,3}}|[^\w\s]")
+_PIECE = re.compile(rf"'(?:s|t|re|ve|m|ll|d)\b|[{_CJK}]|[^\W\d_{_CJK}]+|\d+|_|\n\s*"
+                    rf"|[\[\]{{}}\",:<>/=()]{{1,3}}|[^\w\s]")
+_WORD = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+|[^\w\s]")  # the words cut: letters and digits joined, marks alone
 MIN_DENSITY_BYTES = 64  # a shorter text says too little about its pieces
 DIGITS_TELL = 1.05  # a text with 5 % more pieces cut digit by digit tells how a vocabulary cuts numbers
 
@@ -94,23 +99,40 @@ def kind_of(messages: Sequence[ChatMessage]) -> str | None:
     return max(sizes, key=lambda k: sizes[k]) if sizes else None
 
 
+GROUPED, SINGLE, WORDS, BYTES = range(4)  # the cuts a ``Density`` counts pieces under
+FLAT_FIT = 0.1  # under the words or bytes cut, every kind's piece cost the same within 10 % (log
+PIECES_MISS = 0.2  # spread), where the pieces cut missed by over 22 %: the vocabulary cuts that way
+
+
 @dataclass(frozen=True)
 class Density:
-    """Pieces per raw token (UTF-8 bytes / 4, the estimate's unit) of a text, its numbers cut two
-    ways, as vocabularies do: in groups of up to three digits (cl100k, o200k, Llama 3, Claude's) or
-    digit by digit (the SentencePiece vocabularies of the Llama 2 family, Mistral's tekken)."""
+    """Pieces per raw token (UTF-8 bytes / 4, the estimate's unit) of a text under four cuts, as
+    vocabularies cut text before merging it into tokens:
 
-    grouped: float
-    single: float
+    - ``GROUPED``: numbers in groups of up to three digits (cl100k, o200k, Llama 3, Claude's);
+    - ``SINGLE``: numbers digit by digit (the SentencePiece vocabularies of the Llama 2 family,
+      Mistral's tekken);
+    - ``WORDS``: a run of letters and digits is one piece and every mark is its own (a word-level
+      pre-tokenizer such as BERT's; ``w1`` one piece, ``":`` two);
+    - ``BYTES``: a raw token is one piece (a count by bytes, as the demo provider's, and estimates
+      some proxies report in place of a count).
+    """
 
-    def of(self, digits: int) -> float:
-        return self.single if digits == 1 else self.grouped
+    per_cut: tuple[float, float, float, float]
+
+    def of(self, cut: int) -> float:
+        return self.per_cut[cut]
+
+    @property
+    def tells_digits(self) -> bool:
+        """The text holds enough long numbers to tell how a vocabulary cuts them."""
+        return self.per_cut[SINGLE] > DIGITS_TELL * self.per_cut[GROUPED]
 
 
 def piece_density(texts: Sequence[str]) -> Density | None:
     """The ``Density`` of ``texts``, read from the first ``SAMPLE_CHARS`` characters of each; None
     when they hold too little text to say."""
-    pieces = grouped = single = size = 0
+    pieces = grouped = single = words = size = 0
     for text in texts:
         sample = text[:SAMPLE_CHARS]
         for match in _PIECE.finditer(sample):
@@ -119,21 +141,62 @@ def piece_density(texts: Sequence[str]) -> Density | None:
                 grouped, single = grouped + -(-run // 3), single + run
             else:
                 pieces += 1
+        words += len(_WORD.findall(sample))
         size += len(sample.encode("utf-8"))
-    if size < MIN_DENSITY_BYTES or not pieces + grouped:
+    if size < MIN_DENSITY_BYTES or not pieces + grouped or not words:
         return None
     raw = size / 4
-    return Density((pieces + grouped) / raw, (pieces + single) / raw)
+    return Density(((pieces + grouped) / raw, (pieces + single) / raw, words / raw, 1.0))
 
 
-def tokens_per_piece(tokens: int, raw: int, density: Density, digits: int) -> tuple[float, int]:
-    """What a piece cost in a text of ``raw`` estimated tokens the provider counted ``tokens``, and
-    how its vocabulary cuts numbers (3: in groups, 1: digit by digit): the cut under which a piece
-    costs nearer one token, when the text holds enough digits to tell (else ``digits``, as known)."""
-    grouped, single = tokens / (density.grouped * raw), tokens / (density.single * raw)
-    if density.single > DIGITS_TELL * density.grouped:
-        digits = 1 if abs(math.log(single)) < abs(math.log(grouped)) else 3
-    return (single if digits == 1 else grouped), digits
+def piece_costs(tokens: float, raw: float, density: Density) -> tuple[float, ...]:
+    """What a piece cost under each cut in a text of ``raw`` estimated tokens counted ``tokens``."""
+    return tuple(max(tokens, 1) / (per_raw * raw) for per_raw in density.per_cut)
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """How a route's vocabulary cuts text, as its counts told: ``samples`` holds, per kind of
+    content (``message_kind``), what a piece cost under each cut in the latest counted text of that
+    kind. Numbers are cut the way under which a piece of a text rich in numbers cost nearer one
+    token (``digits``). The words or the bytes cut (``flat``) is taken only when every kind sampled
+    cost the same a piece under it while the pieces cut missed by far: no chat model's vocabulary
+    cuts that way; a word-level rule or a count by bytes does."""
+
+    samples: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    digits: int = GROUPED
+    flat: int | None = None
+
+    @property
+    def cut(self) -> int:
+        return self.digits if self.flat is None else self.flat
+
+    @property
+    def latest(self) -> tuple[float, ...] | None:
+        """What a piece cost under each cut in the route's latest counted text."""
+        return self.samples[-1][1] if self.samples else None
+
+    def knows(self, kind: str | None) -> bool:
+        return any(known == kind for known, _ in self.samples)
+
+    def learned(self, kind: str, costs: tuple[float, ...], density: Density) -> Vocabulary:
+        """This vocabulary with a counted text of ``kind``: its ``costs`` (``piece_costs``) replace
+        the kind's older sample (a route's content drifts within a kind)."""
+        samples = (*[(k, c) for k, c in self.samples if k != kind], (kind, costs))
+        digits = self.digits
+        if density.tells_digits:
+            digits = SINGLE if abs(math.log(costs[SINGLE])) < abs(math.log(costs[GROUPED])) else GROUPED
+        flat = None
+        if len(samples) > 1 and _spread(samples, digits) > PIECES_MISS:
+            fits = [(_spread(samples, cut), cut) for cut in (WORDS, BYTES)]
+            spread, cut = min(fits)
+            flat = cut if spread < FLAT_FIT else None
+        return Vocabulary(samples, digits, flat)
+
+
+def _spread(samples: Sequence[tuple[str, tuple[float, ...]]], cut: int) -> float:
+    logs = [math.log(costs[cut]) for _, costs in samples]
+    return max(logs) - min(logs)
 
 
 def message_density(message: ChatMessage) -> Density | None:

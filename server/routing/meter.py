@@ -36,15 +36,26 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from server.config.settings import ProviderProfile
 from server.history.ledger import HistoryLedger
 from server.history.messages import DEFAULT_IMAGE_TOKEN_COST, MESSAGE_OVERHEAD_TOKENS, ChatMessage
 from server.protocol import server_frame
-from server.providers.base import ToolSpec, Usage
-from server.routing.content import Density, added, kind_of, piece_density, tokens_per_piece
+from server.providers.base import ToolSpec
+from server.routing.anchor import MIN_MARGINAL_RAW, Anchor, bounded, next_anchor
+from server.routing.content import (
+    Density,
+    Vocabulary,
+    added,
+    kind_of,
+    message_density,
+    message_kind,
+    piece_costs,
+    piece_density,
+)
+from server.routing.learned import IMAGE, PREAMBLE, KindRatios, Opening
 from server.routing.resolver import Capacity, Route, RouteResolver
 from server.tools.toolbox import Toolbox
 
@@ -65,136 +76,6 @@ def tokens_by_server(toolbox: Toolbox, tools: Sequence[ToolSpec]) -> tuple[tuple
     return tuple((server, tool_schema_tokens(group)) for server, group in specs.items())
 
 
-MIN_MARGINAL_RAW = 32  # a smaller step between two counts says too little about the ratio
-RATIO_MIN, RATIO_MAX = 0.25, 4.0
-PER_PIECE = "per piece"  # the ``KindRatios`` entry of a route's tokens per piece (``content``)
-DIGITS = "digits"  # and of how its vocabulary cuts numbers (``Anchor.digits``)
-
-
-class KindRatios:
-    """The marginal ratio of each kind of content per route, as any session on it last learned it
-    (routes come from the configuration, so this stays small)."""
-
-    def __init__(self) -> None:
-        self._by_route: dict[str, dict[str, float]] = {}
-
-    def learn(self, route: str, kind: str, ratio: float) -> None:
-        self._by_route.setdefault(route, {})[kind] = ratio
-
-    def get(self, route: str, kind: str | None) -> float | None:
-        return self._by_route.get(route, {}).get(kind) if kind else None
-
-
-@dataclass(frozen=True)
-class Anchor:
-    """What the provider counted for one request: ``reported`` tokens where we estimated ``raw``;
-    ``ratio``, when known, is the marginal ratio between this session's successive counts (what the
-    tokens added since cost), which the pieces a conversation adds match better than a whole-request
-    ratio pulled by the system prompt and the tool schemas."""
-
-    raw: int
-    reported: int
-    ratio: float | None = None
-    counted: bool = True  # ``reported`` is one count of the provider's (not count + reply)
-    # The step's price until a marginal ratio is learned: this session's last counted reply's ratio,
-    # else its first whole-request ratio (the route's calibration mixes every session's content, and
-    # a whole request's ratio is pulled by the tool schemas).
-    base: float | None = None
-    source: str = "provider"  # the meter's tokens_source while nothing was added since the count
-    kinds: tuple[tuple[str, float], ...] = ()  # the marginal ratio of each kind of content learned
-    per_piece: float | None = None  # tokens per piece (``content.piece_density``) of the last counted reply
-    digits: int = 3  # how the provider's vocabulary cuts numbers, as its counted replies told
-
-    @property
-    def step(self) -> float | None:
-        """What a raw token added after the anchor costs, as far as this session knows."""
-        return self.ratio or self.base
-
-    @property
-    def whole(self) -> float:
-        """What a raw token of the counted request cost on average: the price of history a trim
-        drops (old turns of every kind, not the kind just added)."""
-        return min(RATIO_MAX, max(RATIO_MIN, self.reported / self.raw)) if self.raw > 0 else 1.0
-
-    def without(self, raw: int) -> Anchor:
-        """The anchor with ``raw`` estimated tokens of its request left out by a trim, priced at
-        ``whole``: the next step then holds only what was added since the count."""
-        dropped = min(self.raw, max(0, raw))
-        return self.moved(self.raw - dropped, max(0, self.reported - math.ceil(self.whole * dropped)),
-                          counted=False)
-
-    def moved(self, raw: int, reported: int, **learned: Any) -> Anchor:
-        """This anchor at another count, with what the session learned kept unless ``learned``
-        replaces it; ``source`` is the provider's again."""
-        return replace(self, raw=raw, reported=reported, source="provider", **learned)
-
-    def kind_ratio(self, kind: str | None) -> float | None:
-        return dict(self.kinds).get(kind) if kind else None
-
-    def with_reply(self, raw: int, tokens: int, kind: str | None = None,
-                   density: Density | None = None) -> Anchor:
-        """The anchor moved past a reply estimated at ``raw`` that the provider counted ``tokens``
-        (its per-message overhead, which no output count holds, priced at the marginal ratio). A
-        reply of ``kind`` teaches that kind's ratio too, and, with its pieces per raw token
-        (``density``), the tokens a piece costs: what prices a kind never counted yet."""
-        overhead = math.ceil((self.step or 1.0) * MESSAGE_OVERHEAD_TOKENS)
-        text = raw - MESSAGE_OVERHEAD_TOKENS  # the reply's text and tool calls: what ``tokens`` counts
-        if text < MIN_MARGINAL_RAW:
-            return self.moved(self.raw + raw, self.reported + tokens + overhead, counted=False)
-        base = min(RATIO_MAX, max(RATIO_MIN, tokens / text))
-        per_piece, digits = (self.per_piece, self.digits) if density is None \
-            else tokens_per_piece(tokens, text, density, self.digits)
-        return self.moved(self.raw + raw, self.reported + tokens + overhead, counted=False, base=base,
-                          kinds=self.with_kind(kind, base), per_piece=per_piece, digits=digits)
-
-    def with_kind(self, kind: str | None, ratio: float) -> tuple[tuple[str, float], ...]:
-        """``kinds`` with ``kind`` at ``ratio``: the newest sample of a kind replaces the older (a
-        session's content drifts within a kind)."""
-        if kind is None:
-            return self.kinds
-        return tuple((k, r) for k, r in self.kinds if k != kind) + ((kind, ratio),)
-
-    def then(self, raw: int, reported: int, kind: str | None = None) -> Anchor:
-        """The anchor after the provider counted ``reported`` for a request estimated at ``raw``,
-        whose part added since this anchor was of ``kind``. That kind's ratio is learned only when
-        the step holds nothing else: the anchor was moved past the reply by its count, or came from
-        a count endpoint after it (a reply without a count would be in the step too)."""
-        step = raw - self.raw
-        if step < MIN_MARGINAL_RAW:
-            return self.moved(raw, reported, counted=True)
-        sample = min(RATIO_MAX, max(RATIO_MIN, (reported - self.reported) / step))
-        ratio = sample if self.ratio is None else (sample + self.ratio) / 2
-        alone = not self.counted or self.source == "provider_count"  # no uncounted reply in the step
-        kinds = self.with_kind(kind if alone else None, sample)
-        return self.moved(raw, reported, counted=True, ratio=ratio, kinds=kinds)
-
-
-def next_anchor(previous: Anchor | None, raw: int, reported: int, kind: str | None = None) -> Anchor:
-    if previous is not None:
-        return previous.then(raw, reported, kind)
-    return Anchor(raw, reported, base=min(RATIO_MAX, max(RATIO_MIN, reported / raw)) if raw > 0 else None)
-
-
-def count_anchor(previous: Anchor | None, raw: int, tokens: int) -> Anchor:
-    """The anchor on a count endpoint's figure for the request estimated at ``raw``: the ratios
-    this session learned are kept (the count says nothing about the price of what comes next)."""
-    fresh = next_anchor(None, raw, tokens)
-    base = previous.base if previous is not None and previous.base else fresh.base
-    if previous is None:
-        return Anchor(raw, tokens, base=base, source="provider_count")
-    return replace(previous, raw=raw, reported=tokens, counted=True, base=base, source="provider_count")
-
-
-def reply_tokens(usage: Usage, thinking: bool) -> int | None:
-    """The tokens a reply occupies when it is sent back, from the provider's output count; None when
-    that count cannot say: none given, or reasoning (never sent back) inside it by an unknown amount."""
-    if usage.output_tokens <= 0:
-        return None
-    if usage.reasoning_tokens is not None:
-        return max(0, usage.output_tokens - usage.reasoning_tokens)
-    return None if thinking else usage.output_tokens
-
-
 @dataclass(frozen=True)
 class Reading:
     route: Route
@@ -209,6 +90,11 @@ class Reading:
     kind: str | None = None  # the kind of content added since the last reply (``content_kind``)
     route_kind_ratio: float | None = None  # that kind's ratio as the route learned it
     piece_ratio: float | None = None  # a kind never counted: tokens per piece x its pieces per raw token
+    density: Density | None = None  # of the text added since the last reply, while the route learns
+    added: int = 0  # the messages added since the last reply
+    preamble: int = 0  # raw tokens of the system prompt and the tool schemas
+    images: int = 0  # raw tokens of the images in the first message, while no anchor
+    opening: Opening | None = None  # no anchor yet: the first request's two parts, when the route knows
 
     @property
     def step_ratio(self) -> float:
@@ -239,7 +125,7 @@ class Reading:
         result) at the drop ratio."""
         anchor = self.anchor
         if anchor is None:
-            return max(0, math.ceil(self.ratio * raw))
+            return max(0, math.ceil(self.opening.count(raw) if self.opening else self.ratio * raw))
         change = raw - self.estimate
         now = self._now(anchor)
         return max(0, math.ceil(now + (self.step_ratio if change >= 0 else anchor.whole) * change))
@@ -248,7 +134,7 @@ class Reading:
         """The largest raw estimate (tools included) whose ``count`` stays within ``figure``."""
         anchor = self.anchor
         if anchor is None:
-            return math.floor(figure / self.ratio)
+            return self.opening.raw_for(figure) if self.opening else math.floor(figure / self.ratio)
         now = self._now(anchor)
         if figure >= now:
             return self.estimate + math.floor((figure - now) / self.step_ratio)
@@ -301,6 +187,7 @@ class Meter:
         self.reserve = max(0, reserve)
         self.toolbox = toolbox or Toolbox({}, 0)
         self.kinds = KindRatios()
+        self.vocabularies: dict[str, Vocabulary] = {}  # route name -> how its vocabulary cuts text
 
     def tools(self, route: Route, final: bool = False) -> list[ToolSpec]:
         """The tools offered on ``route``'s calls (the provider's ``tools`` selection of the servers
@@ -317,30 +204,139 @@ class Meter:
         kind = kind_of(new)
         route_ratio = self.kinds.get(route.name, kind)
         calibration = self.resolver.calibration.ratio(route)
-        pieces = None
-        if anchor is not None and anchor.kind_ratio(kind) is None and route_ratio is None:
-            pieces = self.piece_ratio(route.name, anchor, new, calibration)
+        vocabulary = self.vocabulary(route.name)
+        if anchor is None:
+            return self.opening_read(route, capacity, estimate + schemas, schemas, servers, messages)
+        unpriced = anchor.kind_ratio(kind) is None and route_ratio is None
+        # Read the pieces only to price an unknown kind or to learn one the route has no sample of.
+        density = piece_density([message.content for message in new]) \
+            if unpriced or not vocabulary.knows(kind) else None
+        pieces = self.piece_ratio(route.name, vocabulary, anchor, new, density) if unpriced else None
         return Reading(route, capacity, self.resolver.budget(capacity), estimate + schemas, schemas,
-                       calibration, anchor, self.reserve, servers, kind, route_ratio, pieces)
+                       calibration, anchor, self.reserve, servers, kind, route_ratio, pieces, density,
+                       len(new))
 
-    def piece_ratio(self, route: str, anchor: Anchor, new: Sequence[ChatMessage],
-                    calibration: float) -> float | None:
-        """The price of content of a kind never counted on ``route``: its text at the tokens a piece
-        cost in the session's last counted reply (else on the route) times the pieces per raw token
-        it holds; its images (a configured guess, ``image_token_cost``, no text) at the route's
-        whole-request ratio of count to estimate, the only scale learned with images in it."""
-        per_piece, digits = anchor.per_piece, anchor.digits
-        if per_piece is None:
-            per_piece, digits = self.kinds.get(route, PER_PIECE), int(self.kinds.get(route, DIGITS) or 3)
-        if per_piece is None:
+    def opening_read(self, route: Route, capacity: Capacity, estimate: int, schemas: int,
+                     servers: tuple[tuple[str, int], ...], messages: Sequence[ChatMessage]) -> Reading:
+        """The reading of a request to ``route`` with no count of this session's on it. A session's
+        first message: its preamble at the route's ``PREAMBLE`` ratio when earlier sessions taught
+        it, the message by its pieces (``Opening``), read while the route has counted text, to price
+        it and to learn the preamble from the count (``counted``). A conversation switched to the
+        route: the route's calibration, a whole-request ratio of the same mix (``preamble`` left 0:
+        its count teaches no preamble)."""
+        calibration = self.resolver.calibration.ratio(route)
+        first = [message for message in messages if message.role != "system"]
+        if any(message.role == "assistant" for message in first):  # a conversation switched here
+            return Reading(route, capacity, self.resolver.budget(capacity), estimate, schemas, calibration,
+                           None, self.reserve, servers, kind_of(added(messages)))
+        preamble = schemas + sum(message.text_tokens for message in messages if message.role == "system")
+        latest = self.vocabulary(route.name).latest
+        density = piece_density([message.content for message in first]) if latest is not None else None
+        learned = self.kinds.get(route.name, PREAMBLE)
+        images = self.image_cost * sum(len(message.images or ()) for message in first)
+        opening = None
+        if learned is not None:
+            text = sum(message.text_tokens for message in first)
+            price = self.first_price(route.name, density) or calibration
+            picture = self.kinds.get(route.name, IMAGE) or calibration
+            rest = (text * price + images * picture) / (text + images) if text + images else calibration
+            opening = Opening(preamble, learned, rest)
+        return Reading(route, capacity, self.resolver.budget(capacity), estimate, schemas, calibration,
+                       None, self.reserve, servers, kind_of(added(messages)), density=density,
+                       added=len(first), preamble=preamble, images=images, opening=opening)
+
+    def first_price(self, route: str, density: Density | None) -> float | None:
+        """What a raw token of text of ``density`` costs on ``route`` by its pieces, at the route's
+        latest counted text's cost a piece."""
+        vocabulary = self.vocabulary(route)
+        latest = vocabulary.latest
+        if density is None or latest is None:
+            return None
+        return bounded(latest[vocabulary.cut] * density.of(vocabulary.cut))
+
+    def vocabulary(self, route: str) -> Vocabulary:
+        return self.vocabularies.get(route) or Vocabulary()
+
+    def piece_ratio(self, route: str, vocabulary: Vocabulary, anchor: Anchor, new: Sequence[ChatMessage],
+                    density: Density | None) -> float | None:
+        """The price of content of a kind never counted on the route: its text at what a piece cost
+        in the session's last counted reply (else the route's latest counted text), under the cut
+        the route's vocabulary makes, times the pieces per raw token it holds (``density``); its
+        images (a configured guess, ``image_token_cost``, no text) at what the route's first counts
+        taught them to cost (``IMAGE``), else at the anchored request's ratio of count to estimate
+        (``Anchor.whole``): this session's own scale, with its images in it when it had any, where
+        the route's calibration mixes every session's content."""
+        costs = anchor.costs or vocabulary.latest
+        images = self.image_cost * sum(len(message.images or ()) for message in new)
+        if costs is None or (density is None and not images):
             return None
         text = sum(message.text_tokens for message in new)
-        images = self.image_cost * sum(len(message.images or ()) for message in new)
-        density = piece_density([message.content for message in new])
-        if density is None and not images:
-            return None
-        price = per_piece * density.of(digits) if density is not None else anchor.step or 1.0
-        return min(RATIO_MAX, max(RATIO_MIN, (text * price + images * calibration) / (text + images)))
+        cut = vocabulary.cut
+        price = costs[cut] * density.of(cut) if density is not None else anchor.step or 1.0
+        picture = self.kinds.get(route, IMAGE) or anchor.whole
+        return bounded((text * price + images * picture) / (text + images))
+
+    def counted(self, anchors: dict[str, Anchor], reading: Reading, reported: int) -> None:
+        """The provider counted ``reported`` for the request ``reading`` measured: the session's
+        anchor on the route moves, and what the step taught becomes the route's: its kind's ratio
+        (the next session's first content of that kind is priced by it) and what its pieces cost."""
+        route, kind = reading.route.name, reading.kind
+        before = anchors.get(route)
+        if before is None:
+            self.learn_preamble(reading, reported)
+        anchor = anchors[route] = next_anchor(before, reading.estimate, reported, kind)
+        learned = anchor.kind_ratio(kind)
+        if kind is not None and learned is not None:
+            self.kinds.learn(route, kind, learned)
+        step = before.step_text(reading.estimate, reported, reading.added) if before is not None else None
+        if step is not None and kind is not None and reading.density is not None \
+                and not kind.endswith("/image"):
+            self.learn_pieces(route, kind, piece_costs(*step, reading.density), reading.density)
+
+    def replied(self, anchors: dict[str, Anchor], route: str, message: ChatMessage, tokens: int) -> None:
+        """The provider wrote ``message`` in ``tokens`` tokens: the session's anchor moves past it,
+        and the reply's kind ratio and piece costs become the route's."""
+        anchor = anchors.get(route)
+        if anchor is None or not anchor.counted:
+            return
+        kind = None if message.tool_calls else message_kind(message)  # a call's JSON is too short
+        density = None if message.tool_calls else message_density(message)
+        moved = anchors[route] = anchor.with_reply(message.text_tokens, tokens, kind, density)
+        learned = moved.kind_ratio(kind)
+        if kind is not None and learned is not None:
+            self.kinds.learn(route, kind, learned)
+        if kind is not None and density is not None and moved.costs is not None \
+                and message.text_tokens - MESSAGE_OVERHEAD_TOKENS >= MIN_MARGINAL_RAW:
+            self.learn_pieces(route, kind, moved.costs, density)
+
+    def learn_preamble(self, reading: Reading, reported: int) -> None:
+        """A session's first count on a route teaches the route what its preamble (system prompt and
+        tool schemas) costs: the count less the first message priced by its pieces. Every later
+        session's first figure on the route then prices its preamble at that ratio (``Opening``).
+        With images in the first message, the preamble already learned, the rest is what the images
+        cost (``IMAGE``): their configured estimate is only a guess."""
+        route = reading.route.name
+        if self.vocabulary(route).latest is None or reading.preamble < MIN_MARGINAL_RAW:
+            return  # nothing counted on the route prices the message yet, or not a first message
+        # A text too short to read its pieces (a caption) is too short to matter: the calibration.
+        price = self.first_price(route, reading.density) or reading.ratio
+        rest = reported - price * (reading.estimate - reading.preamble - reading.images)
+        if not reading.images:
+            if rest > 0:
+                self.kinds.learn(route, PREAMBLE, bounded(rest / reading.preamble))
+            return
+        learned = self.kinds.get(route, PREAMBLE)
+        pictures = rest - learned * reading.preamble if learned is not None else 0
+        if pictures > 0:
+            self.kinds.learn(route, IMAGE, bounded(pictures / reading.images))
+
+    def opened(self, route: str, raw: int, tokens: int) -> None:
+        """A count endpoint counted a request holding only the preamble: its ratio, exactly."""
+        if raw >= MIN_MARGINAL_RAW:
+            self.kinds.learn(route, PREAMBLE, bounded(tokens / raw))
+
+    def learn_pieces(self, route: str, kind: str, costs: tuple[float, ...], density: Density) -> None:
+        self.vocabularies[route] = self.vocabulary(route).learned(kind, costs, density)
 
     def schema_sizes(self, tools: Sequence[ToolSpec]) -> tuple[int, tuple[tuple[str, int], ...]]:
         return tool_schema_tokens(tools), tokens_by_server(self.toolbox, tools)

@@ -29,7 +29,7 @@ import anyio
 from server.history.messages import estimate_history_tokens
 from server.history.trim import sweep_orphans
 from server.providers.base import ProviderRequest, TokenCount
-from server.routing.meter import count_anchor
+from server.routing.anchor import count_anchor
 from server.routing.resolver import Route
 from server.sessions.runtime import Runtime
 
@@ -103,6 +103,9 @@ class Counts:
         raw = (await self.rt.meter.read(route, estimate_history_tokens(messages, session.image_token_cost),
                                         tools)).estimate
         anchors = session.anchors
-        anchors[route.name] = count_anchor(anchors.get(route.name), raw, counted.tokens)
+        conversation = any(message.role != "system" for message in messages)
+        if not conversation:
+            self.rt.meter.opened(route.name, raw, counted.tokens)
+        anchors[route.name] = count_anchor(anchors.get(route.name), raw, counted.tokens, conversation)
         await session.emit_meter(route, REASON)
         return True

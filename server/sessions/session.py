@@ -42,7 +42,8 @@ from server.history.messages import (
 )
 from server.history.trim import TrimReport, sweep_orphans
 from server.protocol import server_frame
-from server.routing.meter import Anchor, Meter, Reading
+from server.routing.anchor import Anchor
+from server.routing.meter import Meter, Reading
 from server.routing.resolver import Route
 from server.sessions.approvals import Approvals
 from server.sessions.channel import Frame, FrameChannel

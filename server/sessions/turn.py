@@ -46,9 +46,9 @@ from server.providers.base import (
     ToolSpec,
     Usage,
 )
+from server.routing.anchor import reply_tokens
 from server.routing.calibration import named_window, plausible
-from server.routing.content import message_density, message_kind
-from server.routing.meter import DIGITS, PER_PIECE, Reading, next_anchor, reply_tokens
+from server.routing.meter import Reading
 from server.routing.resolver import Route
 from server.sessions.call_frames import CallFrames
 from server.sessions.compaction_runner import Compaction, NoCompaction
@@ -142,23 +142,13 @@ class Turn:
                                f"no older turn is left to drop: the newest turn alone does not fit")
         await self.apply_trim(report, reading, reading.history_figure(raw))
 
-    def anchor(self, raw: int, reported: int, kind: str | None = None) -> None:
-        """The provider counted ``reported`` for the request estimated at ``raw`` whose part after
-        the last reply was of ``kind``: the session's anchor moves, and a ratio it learned for that
-        kind becomes the route's (the next session's first tool result of the kind is priced by it)."""
-        anchors = self.session.anchors
-        anchor = anchors[self.route.name] = next_anchor(anchors.get(self.route.name), raw, reported, kind)
-        learned = anchor.kind_ratio(kind)
-        if kind is not None and learned is not None:
-            self.rt.meter.kinds.learn(self.route.name, kind, learned)
-
     async def learn_from(self, overflow: ContextOverflow) -> None:
         """An overflow that names the provider's count calibrates; one that names its limit is the
         route's window from now on (kept in the store), so the next turn trims before it sends."""
         sent, counted = self.sent, overflow.requested_tokens or 0
         if sent is not None and plausible(sent.estimate, counted):
             self.rt.resolver.calibration.observe(self.route, sent.estimate, counted)
-            self.anchor(sent.estimate, counted, sent.kind)
+            self.rt.meter.counted(self.session.anchors, sent, counted)
         window = named_window(overflow.limit_tokens or 0, self.options.max_output_tokens)
         if window and await self.rt.resolver.learn_window(self.route, window):
             self.emit("notice", code="window_learned", turn_id=self.turn_id, message=(
@@ -366,7 +356,7 @@ class Turn:
                 f"or context_window for this provider so meterchat trims whole turns instead."))
         elif usage.input_tokens > 0:  # a truncated count says nothing about the tokenizer: kept out
             calibration.observe(self.route, reading.estimate, usage.input_tokens)
-            self.anchor(reading.estimate, usage.input_tokens, reading.kind)
+            self.rt.meter.counted(self.session.anchors, reading, usage.input_tokens)
             self.reply_count = reply_tokens(usage, thinking=self.writer.thought)
         cost = self.rt.resolver.cost(self.route, usage.input_tokens, usage.output_tokens)
         self.totals.add(usage, cost)
@@ -395,19 +385,8 @@ class Turn:
         """Move the route's anchor past the reply just settled, by the provider's count of it: the
         next request is then that count plus only what comes after the reply."""
         count, self.reply_count = self.reply_count, None
-        anchor = self.session.anchors.get(self.route.name)
-        if message is None or count is None or anchor is None or not anchor.counted:
-            return
-        kind = None if message.tool_calls else message_kind(message)  # a call's JSON is too short
-        density = None if message.tool_calls else message_density(message)
-        moved = self.session.anchors[self.route.name] = anchor.with_reply(message.text_tokens, count, kind,
-                                                                          density)
-        learned = moved.kind_ratio(kind)
-        if kind is not None and learned is not None:
-            self.rt.meter.kinds.learn(self.route.name, kind, learned)
-        if moved.per_piece is not None and density is not None:
-            self.rt.meter.kinds.learn(self.route.name, PER_PIECE, moved.per_piece)
-            self.rt.meter.kinds.learn(self.route.name, DIGITS, moved.digits)
+        if message is not None and count is not None:
+            self.rt.meter.replied(self.session.anchors, self.route.name, message, count)
 
     async def run_tools(self, calls: list[ToolCall]) -> None:
         await self.finish_reply(interrupted=False, tool_calls=calls)  # a reply asking for tools is complete

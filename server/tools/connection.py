@@ -3,6 +3,9 @@
 ``supervise`` runs for the life of the server (in the app's task group): it starts the server (or
 reaches it), lists its tools within ``start_timeout_seconds``, then holds the connection until it
 breaks: the program exits, its stdout closes, or a call fails because the connection is gone.
+While it holds, a server that says its tool list changed (``notifications/tools/list_changed``, or
+an event on a ``subscriptions/listen`` stream for servers of the 2026-07-28 protocol) is listed
+again, and the next call of every turn is offered the new list (a failed listing keeps the old).
 Then it connects again after a backoff (1 s doubling to 60 s, reset by a good start). ``call``
 never raises: an unreachable server, a timeout (``call_timeout_seconds``), a result too large or a
 protocol failure each come back as a tool error for the model, and the turn goes on.
@@ -18,6 +21,7 @@ import anyio
 import mcp_types as types
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.subscriptions import ListenNotSupportedError
 from mcp.shared.exceptions import MCPError
 
 from server.config.settings import McpServerSettings
@@ -44,6 +48,7 @@ class McpConnection:
         self.first_outcome = anyio.Event()  # set once the first start succeeded or failed
         self._broken = anyio.Event()
         self._ready = anyio.Event()
+        self._changed = anyio.Event()  # the server said its tool list changed since it was listed
 
     async def wait_ready(self) -> None:
         """Return once the server is ready (at once when it is)."""
@@ -77,14 +82,19 @@ class McpConnection:
         started = False
         with anyio.CancelScope(deadline=anyio.current_time() + self.settings.start_timeout_seconds) as scope:
             try:
-                async with Client(self._transport(), client_info=CLIENT_INFO, cache=None) as client:
+                async with Client(self._transport(), client_info=CLIENT_INFO, cache=None,
+                                  message_handler=self._on_message) as client:
+                    self._changed = anyio.Event()  # a change said from now on is listed again
                     self.tools = await self._list(client)
                     scope.deadline = math.inf
                     self.client, self.error, started = client, "", True
                     self._ready.set()
                     self.first_outcome.set()
                     log.info("MCP server %s: %d tools", self.name, len(self.tools))
-                    await self._broken.wait()
+                    async with anyio.create_task_group() as following:
+                        following.start_soon(self._follow, client)
+                        await self._broken.wait()
+                        following.cancel_scope.cancel()
                     self.error = "the connection broke"
             except Exception as exc:  # a server's failure, whatever its shape, only takes down its tools
                 self.error = describe(exc)
@@ -112,6 +122,38 @@ class McpConnection:
             if cursor is None or len(listed) > self.settings.max_tools:
                 break
         return bounded_tools(self.settings, listed)
+
+    async def _on_message(self, message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            self._changed.set()
+
+    async def _follow(self, client: Client) -> None:
+        """List the tools again each time the server says they changed (changes that come while a
+        listing runs make one more listing after it)."""
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self._listen, client)
+            while True:
+                await self._changed.wait()
+                self._changed = anyio.Event()
+                try:
+                    with anyio.fail_after(self.settings.start_timeout_seconds):
+                        self.tools = await self._list(client)
+                    log.info("MCP server %s: its tools changed, %d now", self.name, len(self.tools))
+                except Exception as exc:  # the old list stays; a broken connection is found by a call
+                    log.warning("MCP server %s: listing its changed tools failed: %s", self.name,
+                                describe(exc))
+
+    async def _listen(self, client: Client) -> None:
+        """A server of the 2026-07-28 protocol tells its changes on a stream the client opens."""
+        try:
+            async with client.listen(tools_list_changed=True) as subscription:
+                self._changed.set()  # no replay: a change between the listing and the stream is read now
+                async for _event in subscription:
+                    self._changed.set()
+        except ListenNotSupportedError:
+            return  # an older server sends notifications/tools/list_changed (``_on_message``)
+        except Exception as exc:
+            log.info("MCP server %s: no stream of changes (%s)", self.name, describe(exc))
 
     def _break(self) -> None:
         """The connection is gone: not ready from now on, and the supervisor connects again."""

@@ -2,7 +2,7 @@
 // from them; user actions come back from the views as bound handlers.
 
 import { api, getToken, pageConfig, setToken, socketUrl, takeTokenFromUrl } from "./api.js";
-import { Composer } from "./composer.js";
+import { Composer, forgetDrafts } from "./composer.js";
 import { ConversationView } from "./conversation.js";
 import { copyText, uuid } from "./dom.js";
 import { installShortcuts } from "./keys.js";
@@ -115,6 +115,7 @@ const handlers = {
     const path = `/s/${encodeURIComponent(f.session_id)}`;
     if (location.pathname !== path) history.replaceState(null, "", path);
     sessions.setCurrent(f.session_id);
+    composer.render("draft", f.session_id);
     composer.render("routes", { routes: f.routes, current: f.route });
     welcome.setRoutes(f.routes || []);
     welcome.render(transcript.items.length === 0);
@@ -262,6 +263,7 @@ $("token-form").addEventListener("submit", (event) => {
 });
 
 $("sign-out")?.addEventListener("click", () => {
+  forgetDrafts(); // what was typed is the signed-in person's: not left for the next one on this browser
   api("/api/auth/signout", { method: "POST", body: {} }).finally(() => location.assign("/signin"));
 });
 

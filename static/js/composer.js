@@ -4,6 +4,12 @@
 
 import { el, fmt } from "./dom.js";
 
+// What is typed and not sent yet outlives a reload: per session in localStorage, until it is sent.
+// Send waits while a reply streams, so a reader often types ahead; a reload must not lose that.
+const DRAFTS = "meterchat.drafts";
+const MAX_DRAFTS = 20; // the newest sessions' drafts; older ones are dropped
+const MAX_DRAFT_CHARS = 100_000;
+
 export class Composer {
   constructor(root, { maxImageBytes }) {
     this.q = (id) => root.querySelector(`[data-testid="${id}"]`);
@@ -44,7 +50,10 @@ export class Composer {
       }
     });
     this.q("edit-cancel").addEventListener("click", () => this.cancelEdit());
-    this.input.addEventListener("input", () => this.autosize());
+    this.input.addEventListener("input", () => {
+      this.autosize();
+      this.saveDraft();
+    });
     this.stopButton.addEventListener("click", () => onStop());
     this.picker.addEventListener("change", () => onSwitch(this.picker.value));
     this.q("attach-input").addEventListener("change", (event) => this.attach(event.target));
@@ -62,6 +71,7 @@ export class Composer {
       route: () => this.showRoute(value.provider, value.model),
       trimPreview: () => this.setTrimPreview(value),
       edit: () => this.edit(value.text, value.turnId, value.later || 0),
+      draft: () => this.restoreDraft(value),
     };
     commands[command]();
   }
@@ -73,11 +83,41 @@ export class Composer {
     if (!this.connected || this.streaming) return;
     const images = this.attachments;
     if (onSend(content, images, this.editing) === false) return;
+    const edited = this.editing;
     this.setEditing(null);
-    this.input.value = "";
+    if (edited) this.input.value = readDrafts()[this.draftKey]?.text || ""; // the draft an edit set aside
+    else {
+      this.input.value = "";
+      this.saveDraft();
+    }
     this.attachments = [];
     this.renderAttachments();
     this.autosize();
+  }
+
+  // The session whose draft the box keeps: its saved draft comes back unless something is typed.
+  restoreDraft(sessionId) {
+    this.draftKey = sessionId;
+    const saved = readDrafts()[sessionId];
+    if (saved && !this.input.value && !this.editing) {
+      this.input.value = saved.text;
+      this.autosize();
+    }
+  }
+
+  saveDraft() {
+    if (!this.draftKey || this.editing) return; // an edit's text is the sent message, not a draft
+    const drafts = readDrafts();
+    delete drafts[this.draftKey];
+    const text = this.input.value.slice(0, MAX_DRAFT_CHARS);
+    if (text.trim()) drafts[this.draftKey] = { text, at: Date.now() };
+    const newest = Object.entries(drafts).sort((a, b) => b[1].at - a[1].at).slice(0, MAX_DRAFTS);
+    try {
+      if (newest.length) localStorage.setItem(DRAFTS, JSON.stringify(Object.fromEntries(newest)));
+      else localStorage.removeItem(DRAFTS);
+    } catch {
+      // Storage full or refused (a private window): the draft lives only in the box, as before.
+    }
   }
 
   // Puts a sent message back in the box; sending it replaces that turn (and the `later` turns after it).
@@ -94,7 +134,7 @@ export class Composer {
 
   cancelEdit() {
     this.setEditing(null);
-    this.input.value = "";
+    this.input.value = readDrafts()[this.draftKey]?.text || ""; // back to what was typed before the edit
     this.autosize();
   }
 
@@ -198,6 +238,19 @@ export class Composer {
     strip.hidden = this.attachments.length === 0;
     if (!this.attachments.length) this.q("attach-error").textContent = "";
   }
+}
+
+function readDrafts() {
+  try {
+    const drafts = JSON.parse(localStorage.getItem(DRAFTS) || "{}");
+    return drafts && typeof drafts === "object" && !Array.isArray(drafts) ? drafts : {};
+  } catch {
+    return {};
+  }
+}
+
+export function forgetDrafts() {
+  localStorage.removeItem(DRAFTS);
 }
 
 function readAsDataUrl(file) {

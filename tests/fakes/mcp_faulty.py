@@ -1,6 +1,8 @@
 """An MCP server (the official SDK's ``MCPServer``, stdio) whose tools misbehave on purpose, for the
 faults no well-behaved server shows: ``flood`` (a result of N bytes), ``hang`` (never answers),
 ``crash`` (the process exits mid-call). ``--tools N`` lists N extra tools with long schemas.
+``grow`` adds a tool ``extra_N`` and says the tool list changed, both ways the protocol has: a
+``subscriptions/listen`` event (2026-07-28) and ``notifications/tools/list_changed`` (before).
 
 Run as ``python -m tests.fakes.mcp_faulty [--tools N] [--marker FILE]``; with ``--marker`` each start
 appends a line to FILE (a test counts restarts on it).
@@ -13,7 +15,7 @@ import os
 import sys
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 
 def build(extra_tools: int) -> MCPServer:
@@ -39,6 +41,20 @@ def build(extra_tools: int) -> MCPServer:
     def ping() -> str:
         """Answer pong."""
         return "pong"
+
+    grown: list[str] = []
+
+    @server.tool()
+    async def grow(ctx: Context, way: str = "both") -> str:
+        """Add one more tool and say the tool list changed: on a listen stream, by a notification, or both."""
+        name = f"extra_{len(grown) + 1}"
+        grown.append(name)
+        server.add_tool(lambda: name, name=name, description="A tool added while the server ran.")
+        if way in ("listen", "both"):
+            await ctx.notify_tools_changed()
+        if way in ("notification", "both"):
+            await ctx.request_context.session.send_tool_list_changed()
+        return name
 
     for n in range(extra_tools):
         def make(n: int):  # a closure per tool: each its own name
