@@ -210,10 +210,11 @@ class FrameChannel:
         self.stale = False  # another instance changed the session (live mode: RedisChannel sets it)
 
     def emit(self, frame: Frame) -> Frame:
-        self.seq += 1
-        frame["seq"] = self.seq  # frames are built fresh for each emit; no copy on the hot path
-        packet = Packet.of(frame)  # serialized once for every socket and the log
-        self.log.append(self.seq, packet.text)
+        self.seq = seq = self.seq + 1
+        frame["seq"] = seq  # frames are built fresh for each emit; no copy on the hot path
+        # Serialized once for every socket and the log (Packet.of, its seq known here).
+        packet = Packet(seq, serialize(frame), frame if frame["type"] == "chunk" else None)
+        self.log.append(seq, packet.text)
         for outbox in self._outboxes:
             outbox.push(packet)
         self._bus.publish(self.session_id, frame)

@@ -162,11 +162,23 @@ class LingeringWebSocketProtocol(WebSocketsSansIOProtocol):
         """Write ``text`` as one text frame now if the socket takes it without waiting (the
         transport is below its high water: uvicorn's ``writable`` is set); False, nothing written,
         when it would have to wait or the connection is gone or closing: the caller queues it."""
-        return self.writable.is_set() and self._write_now([text.encode()])
+        if not self.writable.is_set() or self.conn.writes or not self._can_write():
+            return False  # (what websockets queued, a pong, leaves first: by the batch path)
+        data = text.encode()
+        self.transport.write(text_frame_head(len(data)) + data)
+        return True
 
     async def _write_frames(self, batch: list[bytes]) -> bool:
         await self.writable.wait()
         return self._write_now(batch)
+
+    def _can_write(self) -> bool:
+        """The connection is open for a data frame written in place: no close under way, no
+        fragmented message open, no extension or debug framing (never with meterchat's options)."""
+        conn = self.conn
+        return not (self.disconnected or self.close_sent or self.lingering or self.transport.is_closing()
+                    or conn.state is not State.OPEN or conn.expect_continuation_frame
+                    or conn.extensions or conn.debug)
 
     def _write_now(self, batch: list[bytes]) -> bool:
         conn = self.conn
