@@ -165,8 +165,9 @@ class SSEDecoder:
         """The events of a feed that is whole events of one ``data:`` line each (what a provider
         sends per read: one event when the server keeps up, several when it fell behind), fed
         between two events, decoded without the line machinery; None for anything else."""
+        decoder = self._lines
         if not (data.startswith(b"data: ") and data.endswith(b"\n\n")) or b"\r" in data \
-                or self._data or self._event or not self._lines.idle:
+                or self._data or self._event or decoder._pending or decoder._skip_lf:  # not .idle
             return None
         end = len(data) - 2
         if data.find(b"\n") == end:  # one event: the usual read, without a split
