@@ -215,7 +215,8 @@ class FrameChannel:
         self.log.append(seq, packet.text)
         for outbox in self._outboxes:
             outbox.push(packet)
-        self._bus.publish(self.session_id, frame)
+        if packet.frame is None:  # the bus observes no chunk: a call less per chunk
+            self._bus.publish(self.session_id, frame)
         return frame
 
     def replay_after(self, last_seq: int) -> list[Packet] | None:
