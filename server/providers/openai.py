@@ -156,7 +156,7 @@ class _StreamState:
         # Once per streamed piece: the events go into one list, nothing is made for what is absent.
         self.model = chunk.get("model") or self.model
         usage = chunk.get("usage")
-        if usage is not None and isinstance(usage, dict):
+        if isinstance(usage, dict):
             self._usage(usage)
         out: list[StreamEvent] = []
         for choice in chunk.get("choices") or ():

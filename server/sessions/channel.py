@@ -104,8 +104,8 @@ class Outbox:
         self.ending: str | None = None  # why the socket closes on purpose once what is queued is sent
         # Writes a frame's text to the socket at once if it takes it without waiting (True), set
         # by the connection that owns the outbox. Used only while the writer waits on an empty
-        # queue, so nothing queued or in flight can come before the frame: the hop to the writer
-        # task (a wake-up, a task step, its loop) was a tenth of the server's CPU per chunk.
+        # queue, so nothing queued or in flight can come before the frame: the writer task's
+        # wake-up and loop per chunk were a tenth of the server's busy samples (py-spy, 100 paced).
         self.direct: Callable[[str], bool] | None = None
 
     def end(self, reason: str) -> None:
