@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -15,7 +16,7 @@ from server.sessions.channel import (
     entry_bytes,
     serialize,
 )
-from server.sessions.events import EventBus
+from server.sessions.events import OBSERVED_TYPES, EventBus
 
 
 def chunk(seq: int, text: str = "x" * 100) -> dict:
@@ -150,3 +151,17 @@ def test_an_unusual_chunk_frame_falls_back_to_json_dumps():
     odd = {"type": "chunk", "turn_id": None, "content": "a", "seq": True}
     for frame in (extra, odd):
         assert json.loads(serialize(frame)) == frame
+
+
+@pytest.mark.anyio
+async def test_channel_publishes_every_observed_frame_type_to_the_bus():
+    # emit skips the bus for chunks (the bus observes none): a type added to what the bus
+    # observes must still reach its subscribers, a chunk included.
+    bus = EventBus()
+    subscription = bus.subscribe()
+    channel = FrameChannel("s", bus)
+    for kind in OBSERVED_TYPES:
+        channel.emit({"type": kind, "turn_id": "t", "content": "a"})
+    channel.emit({"type": "chunk", "turn_id": "t", "content": "a"})
+    assert subscription.pending == len(OBSERVED_TYPES)
+    assert [(await subscription.next() or {}).get("type") for _ in OBSERVED_TYPES] == list(OBSERVED_TYPES)

@@ -209,3 +209,34 @@ def test_sse_decoder_one_event_per_feed_gives_what_one_feed_of_all_gives(events,
     with contextlib.suppress(LineTooLong):
         whole.extend(SSEDecoder(max_line_bytes=limit).feed(b"".join(parts)))
     assert one_by_one == whole
+
+
+PLAIN_EVENTS = st.lists(LINE_TEXT, min_size=1, max_size=6)
+
+
+@given(PLAIN_EVENTS, st.sampled_from(["", "id: 4\n\n", ": hi\n", "data: a\ndata: b\n\n", "data: x\r\n\r\n"]),
+       st.sampled_from([8, 16, 1024]))
+def test_sse_decoder_a_feed_of_whole_data_events_gives_what_the_line_decoder_gives(texts, before, limit):
+    # Fed whole, a run of one-line data events takes the fast path (several events per read: a
+    # server that fell behind); fed a byte at a time, never. Both give the same events or fail alike.
+    head = before.encode()
+    data = b"".join(f"data: {text}\n\n".encode() for text in texts)
+    results: list[tuple[list[object], bool]] = []
+    for pieces in ([head, data], [bytes([byte]) for byte in head + data]):
+        decoder, got, failed = SSEDecoder(max_line_bytes=limit), [], False
+        try:
+            for piece in pieces:
+                got.extend(decoder.feed(piece))
+        except LineTooLong:
+            failed = True
+        results.append((got, failed))
+    assert results[0] == results[1]
+
+
+def test_sse_decoder_several_whole_events_in_one_feed_take_the_fast_path() -> None:
+    decoder = SSEDecoder()
+    data = b'data: {"a": 1}\n\ndata: \xc3\xa9\n\ndata: [DONE]\n\n'
+    assert decoder._plain(data) == [SSEEvent("message", '{"a": 1}'), SSEEvent("message", "é"),
+                                    SSEEvent("message", "[DONE]")]
+    assert decoder._plain(b"data: a\n\n\n\ndata: b\n\n") is None  # a blank line of its own
+    assert decoder._plain(b"data: a\ndata: b\n\n") is None  # two data lines, one event

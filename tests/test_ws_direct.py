@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import anyio
@@ -12,9 +13,11 @@ from hypothesis import strategies as st
 from websockets.asyncio.client import connect
 from websockets.frames import Frame, Opcode
 
+from server.sessions.channel import Outbox, Packet
 from server.web.app import create_app
-from server.web.ws_guard import SEND_TEXTS, LingeringWebSocketProtocol, text_frame_head
+from server.web.ws_guard import SEND_TEXTS, WRITE_TEXT_NOW, LingeringWebSocketProtocol, text_frame_head
 from tests.support import client, run_server, settings_for, text_of
+from tests.test_outbox import small_window_socket
 
 pytestmark = pytest.mark.anyio
 
@@ -106,3 +109,54 @@ async def test_frames_of_every_length_form_arrive_whole():
 def test_a_text_frame_head_is_what_websockets_writes(size):
     data = b"x" * size
     assert text_frame_head(size) + data == Frame(Opcode.TEXT, data).serialize(mask=False, extensions=[])
+
+
+FRAMES = 300
+
+
+def outbox_app(outcome: dict[str, Any], pushed: threading.Event) -> Any:
+    """An outbox wired as ``Connection`` wires it (``direct`` from the protocol, a writer task that
+    waits, takes and sends): pushes ``FRAMES`` numbered 1 KiB frames, letting the writer run after
+    each, and counts the pushes that left nothing queued (written at once, past the writer)."""
+    async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            return
+        await receive()
+        await send({"type": "websocket.accept"})
+        outbox = Outbox()
+        outbox.direct = scope["extensions"][WRITE_TEXT_NOW]
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(write_outbox, outbox, scope["extensions"][SEND_TEXTS])
+            outcome["direct"] = 0
+            for n in range(FRAMES):
+                outbox.push(Packet(n, f"{n:04d}" + "x" * 1020))
+                outcome["direct"] += not outbox.frames and not outbox.bytes
+                await anyio.lowlevel.checkpoint()  # the writer waits again if it sent all
+            pushed.set()
+            outbox.end("done")
+        await send({"type": "websocket.close", "code": 1000})
+    return asgi
+
+
+async def write_outbox(outbox: Outbox, send_texts: Any) -> None:
+    while True:
+        await outbox.wait()
+        packets = outbox.take()
+        if not packets:
+            return
+        assert await send_texts([packet.text for packet in packets])
+        outbox.sent(sum(packet.size for packet in packets))
+
+
+async def test_an_outbox_writes_past_its_waiting_writer_and_queues_when_the_socket_pushes_back():
+    """The client reads nothing until every frame was pushed: the first go straight to the socket,
+    the rest wait in the outbox once the transport is past its high water; all arrive, in order."""
+    outcome: dict[str, Any] = {}
+    pushed = threading.Event()
+    with run_server(outbox_app(outcome, pushed), ws=LingeringWebSocketProtocol) as running:
+        async with connect(f"ws://{running.address}/", sock=small_window_socket(running.address),
+                           max_queue=1, compression=None) as ws:
+            assert await anyio.to_thread.run_sync(pushed.wait, 10)
+            got = [message async for message in ws]
+    assert [int(str(text)[:4]) for text in got] == list(range(FRAMES))
+    assert 0 < outcome["direct"] < FRAMES  # some at once, the rest queued behind the full socket

@@ -286,8 +286,8 @@ def read_events(decoded: Iterable[Any], state: StreamState, guard: TextGuard
         failure: Exception | None = exc
     else:
         failure = None
-    if texts:
-        events.append(joined(texts))
+    if texts:  # one, unless the read carried several
+        events.append(texts[0] if len(texts) == 1 else joined(texts))
     return events, seen, failure
 
 

@@ -146,9 +146,9 @@ class SSEDecoder:
     def feed(self, data: bytes) -> Iterable[SSEEvent]:
         """The events ``data`` completed; past a bound, the events before it, then ``LineTooLong``
         (one feed may hold many events: those before the long line or event are delivered)."""
-        single = self._single(data)
-        if single is not None:
-            return [single]
+        plain = self._plain(data)
+        if plain is not None:
+            return plain
         failure: LineTooLong | None = None
         try:
             lines = self._lines.feed(data)
@@ -161,16 +161,27 @@ class SSEDecoder:
             failure = exc
         return events if failure is None else _then_raise(events, failure)
 
-    def _single(self, data: bytes) -> SSEEvent | None:
-        """The event of a feed that is exactly one ``data:`` line and the blank line after it, fed
-        between two events (what a provider that is read as fast as it writes sends in each
-        read), decoded without the line machinery; None for anything else."""
-        size = len(data) - 2
-        if data.startswith(b"data: ") and data.endswith(b"\n\n") and data.find(b"\n") == size \
-                and size <= self._max and b"\r" not in data and not self._data and not self._event \
-                and self._lines.idle:
-            return SSEEvent("message", data[6:size].decode("utf-8", "replace"), self._id, self._retry)
-        return None
+    def _plain(self, data: bytes) -> list[SSEEvent] | None:
+        """The events of a feed that is whole events of one ``data:`` line each (what a provider
+        sends per read: one event when the server keeps up, several when it fell behind), fed
+        between two events, decoded without the line machinery; None for anything else."""
+        decoder = self._lines
+        if not (data.startswith(b"data: ") and data.endswith(b"\n\n")) or b"\r" in data \
+                or self._data or self._event or decoder._pending or decoder._skip_lf:  # not .idle
+            return None
+        end = len(data) - 2
+        if data.find(b"\n") == end:  # one event: the usual read, without a split
+            if end > self._max:
+                return None
+            return [SSEEvent("message", data[6:end].decode("utf-8", "replace"), self._id, self._retry)]
+        lines = data.split(b"\n\n")
+        lines.pop()  # the empty bytes after the last event
+        events: list[SSEEvent] = []
+        for line in lines:
+            if len(line) > self._max or not line.startswith(b"data: ") or b"\n" in line:
+                return None  # a long line, another field, a line of its own: the general path says
+            events.append(SSEEvent("message", line[6:].decode("utf-8", "replace"), self._id, self._retry))
+        return events
 
     def flush(self) -> list[SSEEvent]:
         events: list[SSEEvent] = []

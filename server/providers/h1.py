@@ -24,6 +24,7 @@ with a proxy in the environment ``transport.build_transport`` keeps httpx's defa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import re
 import ssl
@@ -318,29 +319,32 @@ class H1Body:
         self._timeout = timeout
         self._closed = False
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        connection, reader = self._connection, self._connection._reader
-        try:
-            while True:
-                if reader.body:
-                    yield connection.take()
-                elif reader.done:
-                    break
-                elif reader.failure is not None:
-                    raise reader.failure
-                else:
-                    await connection.wait(self._timeout)
-        except BaseException:
-            await self.aclose()
-            raise
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._read(mapped=False)
 
-    async def parts(self) -> AsyncIterator[bytes]:
+    def parts(self) -> AsyncIterator[bytes]:
         """The body as httpx's ``response.aiter_raw()`` gives it, past the four generators httpx
         and httpcore wrap around it (a hop each per piece); failures become httpx's errors as
         httpx maps them. Closing stays httpx's: ``response.aclose()`` reaches this body."""
-        with map_httpcore_exceptions():
-            async for part in self:
-                yield part
+        return self._read(mapped=True)
+
+    async def _read(self, mapped: bool) -> AsyncIterator[bytes]:
+        # One generator for both ways in: parts() wrapping __aiter__ was one more hop per piece.
+        connection, reader = self._connection, self._connection._reader
+        with map_httpcore_exceptions() if mapped else contextlib.nullcontext():
+            try:
+                while True:
+                    if reader.body:
+                        yield connection.take()
+                    elif reader.done:
+                        break
+                    elif reader.failure is not None:
+                        raise reader.failure
+                    else:
+                        await connection.wait(self._timeout)
+            except BaseException:
+                await self.aclose()
+                raise
 
     async def aclose(self) -> None:
         if not self._closed:

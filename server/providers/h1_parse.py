@@ -113,12 +113,17 @@ class ResponseReader(WriteFlow):
                 self.stale = True
             else:
                 self._fail(httpcore.RemoteProtocolError(f"malformed HTTP response: {exc}"))
-        else:
-            self._bound(len(data) - self._body_fed)
+        else:  # what the read held besides body bytes (chunk heads, the head), bounded
+            overhead = len(data) - self._body_fed
+            self._overhead = overhead if self._event else self._overhead + overhead
+            if self._overhead > MAX_OVERHEAD and not self.done:
+                self._overhead_too_large()
         if self.size > HIGH_WATER and self.transport is not None:
             self.transport.pause_reading()
             self.paused = True  # the taker resumes it (h1.py); a flag, not a transport call per take
-        self._wake()
+        waiter = self.waiter  # _wake, written out: this runs once per network read
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def eof_received(self) -> bool:
         self._ended(None)
@@ -192,11 +197,9 @@ class ResponseReader(WriteFlow):
             return coding.rsplit(b",", 1)[-1].strip() == b"chunked"
         return length
 
-    def _bound(self, overhead: int) -> None:
-        self._overhead = overhead if self._event else self._overhead + overhead
-        if self._overhead > MAX_OVERHEAD and not self.done:
-            what = "chunk header or trailer" if self.head_done else "response head"
-            self._fail(httpcore.RemoteProtocolError(f"{what} larger than {MAX_OVERHEAD} bytes"))
+    def _overhead_too_large(self) -> None:
+        what = "chunk header or trailer" if self.head_done else "response head"
+        self._fail(httpcore.RemoteProtocolError(f"{what} larger than {MAX_OVERHEAD} bytes"))
 
     def _ended(self, exc: Exception | None) -> None:
         self.eof = True

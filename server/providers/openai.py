@@ -43,7 +43,7 @@ from server.providers.base import (
 )
 from server.providers.budget import ReplyBudget
 from server.providers.counts import NONE, OpenAICompatibleCounter
-from server.providers.decoders import SSEDecoder, SSEEvent
+from server.providers.decoders import SSEDecoder, SSEEvent, parse_json
 from server.providers.translate import translate_error
 
 _WINDOW_FIELDS = ("max_model_len", "context_length")
@@ -137,11 +137,12 @@ class _StreamState:
     done: bool = False
 
     def handle(self, event: SSEEvent) -> list[StreamEvent]:
-        if event.data.strip() == "[DONE]":
+        data = event.data
+        if data[:1] != "{" and data.strip() == "[DONE]":  # a chunk (an object) is never stripped
             self.done = True
             return self._finish()
         try:
-            chunk = event.json()
+            chunk = parse_json(data)
         except ValueError as exc:
             raise ProtocolError(f"{self.alias}: HTTP 200, then a chunk that is not JSON: "
                                 f"{event.data[:200]!r}") from exc
@@ -152,32 +153,38 @@ class _StreamState:
         return self._chunk(chunk)
 
     def _chunk(self, chunk: dict[str, Any]) -> list[StreamEvent]:
+        # Once per streamed piece: the events go into one list, nothing is made for what is absent.
         self.model = chunk.get("model") or self.model
         usage = chunk.get("usage")
         if isinstance(usage, dict):
-            details = usage.get("completion_tokens_details")
-            reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
-            self.usage = Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
-                               reasoning if isinstance(reasoning, int) else None)
+            self._usage(usage)
         out: list[StreamEvent] = []
         for choice in chunk.get("choices") or ():
-            out += self._delta(choice.get("delta") or {})
+            delta = choice.get("delta")
+            if delta:
+                self._delta(delta, out)
             if choice.get("finish_reason"):
                 self.reason = choice["finish_reason"]
                 out += self._tool_calls()
         return out
 
-    def _delta(self, delta: dict[str, Any]) -> list[StreamEvent]:
-        out: list[StreamEvent] = []
+    def _usage(self, usage: dict[str, Any]) -> None:
+        details = usage.get("completion_tokens_details")
+        reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
+        self.usage = Usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+                           reasoning if isinstance(reasoning, int) else None)
+
+    def _delta(self, delta: dict[str, Any], out: list[StreamEvent]) -> None:
         thinking = delta.get("reasoning_content") or delta.get("reasoning")
-        if isinstance(thinking, str) and thinking:
+        if thinking and isinstance(thinking, str):
             out.append(ThinkingDelta(thinking))
         content = delta.get("content")
-        if isinstance(content, str) and content:
+        if content and type(content) is str:  # json makes str itself, never a subclass
             out.append(TextDelta(content))
-        for fragment in delta.get("tool_calls") or ():
-            self._fragment(fragment)
-        return out
+        calls = delta.get("tool_calls")
+        if calls:
+            for fragment in calls:
+                self._fragment(fragment)
 
     def _fragment(self, fragment: dict[str, Any]) -> None:
         index = fragment.get("index", len(self.calls))

@@ -69,6 +69,12 @@ class TextGuard:
         self._thinking = SurrogateJoiner()
 
     def events(self, event: StreamEvent) -> tuple[StreamEvent, ...]:
+        if type(event) is TextDelta:  # once per streamed piece: _delta's usual case, a call less
+            self._budget.take(len(event.text))
+            text = self._text.text(event.text)
+            if text is event.text:
+                return (event,)
+            return (TextDelta(text),) if text else ()
         if isinstance(event, TextDelta | ThinkingDelta):
             return self._delta(event)
         if isinstance(event, ToolCallEvent):

@@ -3,10 +3,12 @@
 States: ``AWAITING_HELLO`` -> ``OPEN`` -> ``CLOSED``. The first frame must be ``hello``; anything
 else gets an ``error`` frame naming what was expected and what came, and the connection stays.
 After hello the connection is one outbox among the session's: a writer task drains it (joining
-chunk frames that arrive within ``server.coalesce_ms``), a reader parses client frames and hands
-them to the hub. Whatever goes wrong while a client frame is parsed or handled becomes an ``error``
-frame for this client (``message_id`` on a ``message``); the connection and the session go on. The
-connection only carries frames: what a joining client receives first is decided by the session's
+chunk frames that arrive within ``server.coalesce_ms``; with no such wait, a frame pushed while the
+writer waits on an empty queue goes to the socket at once, from the task that made it, if the socket
+takes it without waiting), a reader parses client frames and hands them to the hub. Whatever goes
+wrong while a client frame is parsed or handled becomes an ``error`` frame for this client
+(``message_id`` on a ``message``); the connection and the session go on. The connection only
+carries frames: what a joining client receives first is decided by the session's
 ``FrameChannel`` (through ``SessionHub.attach``).
 
 Sequence numbers: the ``session`` frame's ``seq`` is the baseline, every frame after it has a
@@ -31,7 +33,7 @@ from server.sessions.channel import Frame, Outbox, Packet
 from server.sessions.hub import SessionHub
 from server.sessions.session import Session
 from server.web.limits import TokenBucket
-from server.web.ws_guard import SEND_TEXTS
+from server.web.ws_guard import SEND_TEXTS, WRITE_TEXT_NOW
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +244,10 @@ class Connection:
         outbox = self.outbox
         # Where meterchat's own WebSocket protocol serves (ws_guard.py), a batch goes to the
         # transport as one write, past Starlette's and uvicorn's per-frame send.
-        direct = self.ws.scope.get("extensions", {}).get(SEND_TEXTS)
+        extensions = self.ws.scope.get("extensions", {})
+        direct = extensions.get(SEND_TEXTS)
+        if not self.coalesce_seconds:  # no wait to join chunks: a frame may leave from its maker
+            outbox.direct = extensions.get(WRITE_TEXT_NOW)
         try:
             while True:
                 if not outbox.frames:  # a writer that fell behind finds frames and does not wait
@@ -265,4 +270,5 @@ class Connection:
                         return
                     outbox.sent(packet.size)
         finally:
+            outbox.direct = None  # the socket is done with: frames queue (and are dropped with it)
             done.cancel()

@@ -51,6 +51,10 @@ MAX_UNSENT_BYTES = 16 * 1024 * 1024
 # transport's buffer bounds above however many frames the outbox holds.
 SEND_TEXTS = "meterchat.send_texts"
 DIRECT_WRITE_BYTES = 64 * 1024
+# The scope extension under which it offers ``write_text_now``: one frame written at once, from
+# the task that made it, when the socket takes it without waiting (web/connection.py hands it to
+# the outbox, which writes past its writer task while that task waits on an empty queue).
+WRITE_TEXT_NOW = "meterchat.write_text_now"
 
 
 class LingeringWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -136,6 +140,7 @@ class LingeringWebSocketProtocol(WebSocketsSansIOProtocol):
         scope = getattr(self, "scope", None)  # none when the handshake was refused
         if scope is not None:
             scope["extensions"][SEND_TEXTS] = self.send_texts
+            scope["extensions"][WRITE_TEXT_NOW] = self.write_text_now
 
     async def send_texts(self, texts: list[str]) -> bool:
         """Send ``texts`` as text frames, written to the transport together in writes of about
@@ -153,8 +158,30 @@ class LingeringWebSocketProtocol(WebSocketsSansIOProtocol):
                 batch, size = [], 0
         return not batch or await self._write_frames(batch)
 
+    def write_text_now(self, text: str) -> bool:
+        """Write ``text`` as one text frame now if the socket takes it without waiting (the
+        transport is below its high water: uvicorn's ``writable`` is set); False, nothing written,
+        when it would have to wait or the connection is gone or closing: the caller queues it."""
+        if not self.writable.is_set() or self.conn.writes or not self._can_write():
+            return False  # (what websockets queued, a pong, leaves first: by the batch path)
+        data = text.encode()
+        size = len(data)  # a chunk frame is short: its head is two bytes, made here (a call less)
+        self.transport.write((bytes((0x81, size)) if size < 126 else text_frame_head(size)) + data)
+        return True
+
     async def _write_frames(self, batch: list[bytes]) -> bool:
         await self.writable.wait()
+        return self._write_now(batch)
+
+    def _can_write(self) -> bool:
+        """The connection is open for a data frame written in place: no close under way, no
+        fragmented message open, no extension or debug framing (never with meterchat's options)."""
+        conn = self.conn
+        return not (self.disconnected or self.close_sent or self.lingering or self.transport.is_closing()
+                    or conn.state is not State.OPEN or conn.expect_continuation_frame
+                    or conn.extensions or conn.debug)
+
+    def _write_now(self, batch: list[bytes]) -> bool:
         conn = self.conn
         if self.disconnected or self.close_sent or self.lingering or self.transport.is_closing() \
                 or conn.state is not State.OPEN or conn.expect_continuation_frame:
