@@ -10,6 +10,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -92,17 +94,14 @@ async def test_faults_locked_store_ends_the_turn_with_store_unavailable_and_writ
         async with client(address) as c:
             await c.hello()
             frames = await c.start_turn("echo " + " ".join(f"w{n}" for n in range(200)))
-            locker = sqlite3.connect(database, isolation_level=None)
-            locker.execute("BEGIN IMMEDIATE")  # another writer holds the lock past store.timeout_seconds
-            frames += await c.until("error")
-            error = frames[-1]
-            assert error["code"] == "store_unavailable" and error["retryable"] is True
-            assert frames[0]["type"] == "accepted" and error["turn_id"] == frames[0]["turn_id"]
-            seen = text_of(frames)
-            refused = await c.say("echo while locked", id="locked")  # nothing stored, draft kept
-            assert refused[-1]["code"] == "store_unavailable" and refused[-1]["message_id"] == "locked"
-            locker.execute("ROLLBACK")
-            locker.close()
+            with another_writer(database):  # another writer holds the lock past store.timeout_seconds
+                frames += await c.until("error")
+                error = frames[-1]
+                assert error["code"] == "store_unavailable" and error["retryable"] is True
+                assert frames[0]["type"] == "accepted" and error["turn_id"] == frames[0]["turn_id"]
+                seen = text_of(frames)
+                refused = await c.say("echo while locked", id="locked")  # nothing stored, draft kept
+                assert refused[-1]["code"] == "store_unavailable" and refused[-1]["message_id"] == "locked"
             notice = (await c.until("notice"))[-1]
             assert notice["code"] == "store_recovered"
             # The reply was complete, only its write waited: it is stored whole, not interrupted, and
@@ -117,6 +116,18 @@ async def test_faults_locked_store_ends_the_turn_with_store_unavailable_and_writ
 def stored_calls(data_dir: Path) -> list[str]:
     with sqlite3.connect(data_dir / "meterchat.sqlite3") as db:
         return [row[0] for row in db.execute("SELECT turn_id FROM calls ORDER BY seq")]
+
+
+@contextmanager
+def another_writer(database: Path) -> Iterator[None]:
+    """Another connection holds the database's write lock while the block runs."""
+    locker = sqlite3.connect(database, isolation_level=None)
+    locker.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
 
 
 def stored_messages(data_dir: Path) -> list[tuple[str, str, int]]:
@@ -135,13 +146,10 @@ async def test_faults_the_reply_streams_while_the_store_is_busy_and_done_waits_f
         async with client(address) as c:
             await c.hello()
             await c.say("echo first")
-            locker = sqlite3.connect(data / "meterchat.sqlite3", isolation_level=None)
-            locker.execute("BEGIN IMMEDIATE")
-            frames = await c.start_turn("echo " + " ".join(f"w{n}" for n in range(30)), message_id="busy")
-            frames += [await c.recv() for _ in range(5)]  # flushes fall due while the store is busy
-            assert [m[1] for m in stored_messages(data)] == ["echo first", "first"]
-            locker.execute("ROLLBACK")
-            locker.close()
+            with another_writer(data / "meterchat.sqlite3"):
+                frames = await c.start_turn("echo " + " ".join(f"w{n}" for n in range(30)), message_id="busy")
+                frames += [await c.recv() for _ in range(5)]  # flushes fall due while the store is busy
+                assert [m[1] for m in stored_messages(data)] == ["echo first", "first"]
             frames += await c.until("done", "error")
     assert frames[-1]["type"] == "done"
     reply = text_of(frames)
@@ -156,14 +164,12 @@ async def test_faults_a_refused_user_message_ends_the_turn_with_store_unavailabl
         async with client(address) as c:
             await c.hello()
             await c.say("echo first")
-            locker = sqlite3.connect(data / "meterchat.sqlite3", isolation_level=None)
-            locker.execute("BEGIN IMMEDIATE")  # past store.timeout_seconds: every write is refused
-            frames = await c.say("echo refused at first")
-            error = frames[-1]
-            assert error["code"] == "store_unavailable" and error["turn_id"] == frames[0]["turn_id"]
-            assert frames[0]["type"] == "accepted"
-            locker.execute("ROLLBACK")
-            locker.close()
+            # Past store.timeout_seconds: every write is refused.
+            with another_writer(data / "meterchat.sqlite3"):
+                frames = await c.say("echo refused at first")
+                error = frames[-1]
+                assert error["code"] == "store_unavailable" and error["turn_id"] == frames[0]["turn_id"]
+                assert frames[0]["type"] == "accepted"
             notice = (await c.until("notice"))[-1]
             assert notice["code"] == "store_recovered"
             after = await c.say("echo after")

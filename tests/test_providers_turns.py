@@ -7,6 +7,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -80,6 +81,22 @@ async def test_second_stream_past_max_connections_is_overloaded(tmp_path, fake_o
     assert done[-1]["type"] == "done" and done[-1]["full_response"] == "first"
 
 
+async def held_answer(c: Any, hold: threading.Event, message_id: str, content: str) -> list[dict[str, Any]]:
+    """Send a message whose answer the fake holds until the client has the call's ``route`` frame
+    and the frame after it; then the turn's frames to its end."""
+    await c.send("message", id=message_id, content=content)
+    try:
+        frames: list[dict[str, Any]] = await c.until("route")
+        frames.append(await c.recv())
+    finally:
+        hold.set()
+    return frames + await c.until("done", "error")
+
+
+def kinds(frames: list[dict[str, Any]]) -> list[str]:
+    return [f["type"] if f["type"] != "context" else f"context:{f['reason']}" for f in frames]
+
+
 async def test_a_calls_route_and_meter_come_while_the_provider_has_not_answered(tmp_path, fake_openai):
     """They are emitted once the request has left (ProviderRequest.sent), not at the first event:
     the provider here answers nothing until the client holds both frames."""
@@ -88,13 +105,7 @@ async def test_a_calls_route_and_meter_come_while_the_provider_has_not_answered(
     with serve(settings(tmp_path, fake_openai)) as address:
         async with client(address) as c:
             await c.hello()
-            await c.send("message", id="m1", content="hi")
-            try:
-                frames = await c.until("route")
-                frames.append(await c.recv())
-            finally:
-                hold.set()
-            frames += await c.until("done", "error")
+            frames = await held_answer(c, hold, "m1", "hi")
     [route] = of_type(frames, "route")
     sent = [f for f in of_type(frames, "context") if f["reason"] == "send"]
     assert route["turn_id"] == frames[0]["turn_id"] and len(sent) == 1
@@ -116,8 +127,7 @@ async def test_a_call_that_cannot_connect_shows_its_route_and_meter_before_the_e
             async with client(address) as c:
                 await c.hello()
                 frames = await c.say("hi")
-    kinds = [f["type"] if f["type"] != "context" else f"context:{f['reason']}" for f in frames]
-    assert kinds[-3:] == ["route", "context:send", "error"]
+    assert kinds(frames)[-3:] == ["route", "context:send", "error"]
     assert frames[-1]["code"] == "unavailable"
 
 
@@ -132,14 +142,7 @@ async def test_a_trimming_turns_frames_keep_their_order_and_come_before_the_answ
             await c.hello()
             await c.say("one")
             fake_openai.enqueue(Reply(text=[], hold=hold))  # no answer until the client has them
-            await c.send("message", id="m2", content="two")
-            try:
-                frames = await c.until("route")
-                frames.append(await c.recv())
-            finally:
-                hold.set()
-            frames += await c.until("done", "error")
-    kinds = [f["type"] if f["type"] != "context" else f"context:{f['reason']}" for f in frames]
-    assert kinds[:5] == ["accepted", "history_trimmed", "context:trim", "route", "context:send"]
-    assert kinds[5:] == ["context:usage", "context:done", "done"]
+            frames = await held_answer(c, hold, "m2", "two")
+    assert kinds(frames)[:5] == ["accepted", "history_trimmed", "context:trim", "route", "context:send"]
+    assert kinds(frames)[5:] == ["context:usage", "context:done", "done"]
     assert [f["seq"] for f in frames] == sorted(f["seq"] for f in frames)
