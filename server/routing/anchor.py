@@ -94,8 +94,8 @@ class Anchor:
         kind's ratio too, and, with its pieces per raw token (``density``), what a piece costs:
         what prices a kind never counted yet."""
         overhead = self.overhead(1)
-        text = raw - MESSAGE_OVERHEAD_TOKENS  # the reply's text and tool calls: what ``tokens`` counts
-        if text < MIN_MARGINAL_RAW:
+        text = reply_text(raw)
+        if text is None:
             return self.moved(self.raw + raw, self.reported + tokens + overhead, counted=False)
         base = bounded(tokens / text)
         costs = self.costs if density is None else piece_costs(tokens, text, density)
@@ -131,6 +131,13 @@ class Anchor:
         if not self.alone or text < MIN_MARGINAL_RAW or tokens <= 0:
             return None
         return tokens, text
+
+
+def reply_text(raw: int) -> int | None:
+    """The estimate of a reply's text and tool calls (what its output count counts) when it holds
+    enough to price by: a reply of ``raw`` estimated tokens, less the message's framing."""
+    text = raw - MESSAGE_OVERHEAD_TOKENS
+    return text if text >= MIN_MARGINAL_RAW else None
 
 
 def next_anchor(previous: Anchor | None, raw: int, reported: int, kind: str | None = None) -> Anchor:

@@ -41,10 +41,10 @@ from typing import Any
 
 from server.config.settings import ProviderProfile
 from server.history.ledger import HistoryLedger
-from server.history.messages import DEFAULT_IMAGE_TOKEN_COST, MESSAGE_OVERHEAD_TOKENS, ChatMessage
+from server.history.messages import DEFAULT_IMAGE_TOKEN_COST, ChatMessage
 from server.protocol import server_frame
 from server.providers.base import ToolSpec
-from server.routing.anchor import MIN_MARGINAL_RAW, Anchor, bounded, next_anchor
+from server.routing.anchor import MIN_MARGINAL_RAW, Anchor, bounded, next_anchor, reply_text
 from server.routing.content import (
     Density,
     Vocabulary,
@@ -200,13 +200,13 @@ class Meter:
         messages after the last reply in ``messages`` are what the anchor has not counted)."""
         capacity = await self.resolver.capacity(route)
         schemas, servers = self.toolbox.memo(tools, self.schema_sizes)
+        if anchor is None:
+            return self.opening_read(route, capacity, estimate + schemas, schemas, servers, messages)
         new = added(messages)
         kind = kind_of(new)
         route_ratio = self.kinds.get(route.name, kind)
         calibration = self.resolver.calibration.ratio(route)
         vocabulary = self.vocabulary(route.name)
-        if anchor is None:
-            return self.opening_read(route, capacity, estimate + schemas, schemas, servers, messages)
         unpriced = anchor.kind_ratio(kind) is None and route_ratio is None
         # Read the pieces only to price an unknown kind or to learn one the route has no sample of.
         density = piece_density([message.content for message in new]) \
@@ -306,7 +306,7 @@ class Meter:
         if kind is not None and learned is not None:
             self.kinds.learn(route, kind, learned)
         if kind is not None and density is not None and moved.costs is not None \
-                and message.text_tokens - MESSAGE_OVERHEAD_TOKENS >= MIN_MARGINAL_RAW:
+                and reply_text(message.text_tokens) is not None:
             self.learn_pieces(route, kind, moved.costs, density)
 
     def learn_preamble(self, reading: Reading, reported: int) -> None:

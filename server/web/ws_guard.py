@@ -173,18 +173,20 @@ class LingeringWebSocketProtocol(WebSocketsSansIOProtocol):
         await self.writable.wait()
         return self._write_now(batch)
 
-    def _can_write(self) -> bool:
-        """The connection is open for a data frame written in place: no close under way, no
-        fragmented message open, no extension or debug framing (never with meterchat's options)."""
+    def _open(self) -> bool:
+        """The connection takes a data frame: no close under way, no fragmented message open."""
         conn = self.conn
         return not (self.disconnected or self.close_sent or self.lingering or self.transport.is_closing()
-                    or conn.state is not State.OPEN or conn.expect_continuation_frame
-                    or conn.extensions or conn.debug)
+                    or conn.state is not State.OPEN or conn.expect_continuation_frame)
+
+    def _can_write(self) -> bool:
+        """Open for a data frame written in place: no extension or debug framing either (never with
+        meterchat's options)."""
+        return self._open() and not (self.conn.extensions or self.conn.debug)
 
     def _write_now(self, batch: list[bytes]) -> bool:
         conn = self.conn
-        if self.disconnected or self.close_sent or self.lingering or self.transport.is_closing() \
-                or conn.state is not State.OPEN or conn.expect_continuation_frame:
+        if not self._open():
             return False
         writes = conn.data_to_send()  # anything websockets queued (a pong) leaves first
         if conn.extensions or conn.debug:  # never with meterchat's options; websockets frames them
