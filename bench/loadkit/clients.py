@@ -47,6 +47,8 @@ class Plan:
 @dataclass
 class Stats:
     delays: array = field(default_factory=lambda: array("q"))
+    seconds: dict[int, array] = field(default_factory=dict)  # the same delays by second of the run
+    start: int = field(default_factory=time.monotonic_ns)
     first: array = field(default_factory=lambda: array("q"))
     received: int = 0
     lost: int = 0
@@ -98,7 +100,10 @@ class Session(asyncio.Protocol):
         end = 0
         for found in STAMP.finditer(text):
             seq, end = int(found[1]), found.end()
-            self.stats.delays.append(now - int(found[2]))
+            delay = now - int(found[2])
+            self.stats.delays.append(delay)
+            second = (now - self.stats.start) // 1_000_000_000
+            self.stats.seconds.setdefault(second, array("q")).append(delay)
             self.stats.received += 1
             if not self.got_first:
                 self.got_first = True
@@ -267,6 +272,7 @@ def main(plan_json: str) -> None:
     stats, abusers = fast_loop().run_until_complete(run(plan))
     used = os.times()
     summary = {"delay": percentiles(stats.delays), "first": percentiles(stats.first),
+               "by_second": [percentiles(stats.seconds[s]).get("p99") for s in sorted(stats.seconds)],
                "received": stats.received, "lost": stats.lost, "reordered": stats.reordered,
                "frames": stats.frames, "finished": stats.finished, "errors": stats.errors, "said": stats.said,
                "wall": time.monotonic() - started, "abuse": abusers,

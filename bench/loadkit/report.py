@@ -50,6 +50,9 @@ def table(title: str, results: dict[str, dict[str, Any]]) -> str:
                        for line in rows]
     lines += ratios(results, direct)
     for name, r in results.items():
+        if r.get("by_second"):
+            lines.append(f"  {name} p99 ms by second of the run (received): "
+                         + " ".join(f"{p99:.0f}" for p99 in r["by_second"]))
         if r.get("rss_mib"):
             lines += rss.describe(name, r)
         if r.get("side_cpu_per_1k"):

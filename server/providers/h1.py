@@ -24,13 +24,14 @@ with a proxy in the environment ``transport.build_transport`` keeps httpx's defa
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 import re
 import ssl
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
-from typing import Any
+from typing import Any, cast
 
 import httpcore
 from httpx._transports.default import map_httpcore_exceptions
@@ -146,6 +147,10 @@ class H1Connection(httpcore.AsyncConnectionInterface):
         self._connect_failed = False
 
     # the pool's interface
+
+    @property
+    def origin(self) -> httpcore.Origin:
+        return self._origin
 
     def can_handle_request(self, origin: httpcore.Origin) -> bool:
         return origin == self._origin
@@ -352,11 +357,71 @@ class H1Body:
             await self._connection.response_closed()
 
 
+def _key(origin: httpcore.Origin) -> tuple[bytes, bytes, int]:
+    return origin.scheme, origin.host, origin.port  # httpcore's Origin is not hashable
+
+
 class FastPool(httpcore.AsyncConnectionPool):
-    """httpcore's pool, its connections ``H1Connection`` (see the module docstring)."""
+    """httpcore's pool, its connections ``H1Connection`` (see the module docstring), its assignment
+    pass linear in the connections and requests it holds."""
 
     def create_connection(self, origin: httpcore.Origin) -> httpcore.AsyncConnectionInterface:
         return H1Connection(origin, self._ssl_context, self._keepalive_expiry, self._socket_options)
+
+    def _assign_requests_to_connections(self) -> list[httpcore.AsyncConnectionInterface]:
+        """httpcore's pass (run on every request and every response closed): drop closed
+        connections, close expired ones and idle ones past ``max_keepalive_connections``, then give
+        each queued request an idle connection to its origin, a new one under ``max_connections``,
+        or a new one in place of an idle connection to another origin. httpcore 1.0's pass counts
+        the connections once per idle connection (quadratic: at 500 streams a third of the
+        server's CPU went there as they ended) and compares that count, not the idle one, with the
+        keep-alive bound; this one is one walk over each list, and never hands a connection that a
+        request holds but has not started on yet (or one it gave in this pass) to another."""
+        closing: list[httpcore.AsyncConnectionInterface] = []
+        kept: list[httpcore.AsyncConnectionInterface] = []
+        idle: list[httpcore.AsyncConnectionInterface] = []
+        for connection in self._connections:
+            if connection.is_closed():
+                continue
+            if connection.has_expired():
+                closing.append(connection)
+            else:
+                kept.append(connection)
+                if connection.is_idle():
+                    idle.append(connection)
+        surplus = len(idle) - self._max_keepalive_connections
+        if surplus > 0:  # the longest kept first, as httpcore's walk closes them
+            gone = {id(connection) for connection in idle[:surplus]}
+            closing += idle[:surplus]
+            idle = idle[surplus:]
+            kept = [connection for connection in kept if id(connection) not in gone]
+        self._connections = kept
+        queued = [request for request in self._requests if request.is_queued()]
+        if not queued:
+            return closing
+        held = {id(request.connection) for request in self._requests if request.connection is not None}
+        spare = {id(c): c for c in idle if id(c) not in held}  # idle, nobody's: may close for room
+        free: dict[tuple[bytes, bytes, int], collections.deque[httpcore.AsyncConnectionInterface]] = {}
+        for connection in spare.values():
+            if connection.is_available():
+                free.setdefault(_key(cast(H1Connection, connection).origin),
+                                collections.deque()).append(connection)
+        for request in queued:
+            origin = request.request.url.origin
+            reuse, chosen = free.get(_key(origin)), None
+            while reuse and chosen is None:
+                chosen = spare.pop(id(reuse.popleft()), None)  # None: closed for room already
+            if chosen is None:
+                if len(self._connections) >= self._max_connections:
+                    if not spare:
+                        continue  # it waits for a connection to come back, as in httpcore
+                    victim = spare.pop(next(iter(spare)))
+                    self._connections.remove(victim)
+                    closing.append(victim)
+                chosen = self.create_connection(origin)
+                self._connections.append(chosen)
+            request.assign_to_connection(chosen)
+        return closing
 
 
 __all__ = ["BODY", "HIGH_WATER", "FastPool", "H1Body", "H1Connection", "request_head"]
