@@ -59,6 +59,9 @@ class Stats:
     said: dict[str, str] = field(default_factory=dict)  # the first message of each error code
     unfinished: set[Session] = field(default_factory=set)  # still streaming: lost if the deadline comes
     created: int = 0  # sessions whose protocol object exists (connected or not)
+    ready: array = field(default_factory=lambda: array("q"))  # connect -> the session frame (ws)
+    streaming: int = 0  # sessions between their first token and the end of their turn, now
+    peak: int = 0  # the most at once
 
     def error(self, code: str, message: str = "") -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
@@ -73,6 +76,7 @@ class Session(asyncio.Protocol):
         self.plan, self.stats, self.finished = plan, stats, finished
         self.transport: asyncio.Transport | None = None
         self.turns_left, self.expected, self.sent_at, self.got_first = plan.turns, 0, 0, False
+        self.connecting = time.monotonic_ns()
         self.buffer = bytearray()
         stats.unfinished.add(self)
         stats.created += 1
@@ -108,6 +112,8 @@ class Session(asyncio.Protocol):
             if not self.got_first:
                 self.got_first = True
                 self.stats.first.append(now - self.sent_at)
+                self.stats.streaming += 1
+                self.stats.peak = max(self.stats.peak, self.stats.streaming)
             if seq > self.expected:
                 self.stats.lost += seq - self.expected
             elif seq < self.expected:
@@ -116,6 +122,9 @@ class Session(asyncio.Protocol):
         return end
 
     def end_turn(self) -> None:
+        if self.got_first:
+            self.stats.streaming -= 1
+            self.got_first = False
         self.stats.lost += max(0, self.plan.tokens - self.expected)
         self.turns_left -= 1
         if self.turns_left > 0:
@@ -213,6 +222,7 @@ class SocketSession(Session):
         if kind == "chunk":
             self.stamps(frame["content"].encode(), now)
         elif kind == "session":
+            self.stats.ready.append(now - self.connecting)
             self.next_turn()
         elif kind == "done":
             self.end_turn()
@@ -272,6 +282,7 @@ def main(plan_json: str) -> None:
     stats, abusers = fast_loop().run_until_complete(run(plan))
     used = os.times()
     summary = {"delay": percentiles(stats.delays), "first": percentiles(stats.first),
+               "ready": percentiles(stats.ready), "peak": stats.peak,
                "by_second": [percentiles(stats.seconds[s]).get("p99") for s in sorted(stats.seconds)],
                "received": stats.received, "lost": stats.lost, "reordered": stats.reordered,
                "frames": stats.frames, "finished": stats.finished, "errors": stats.errors, "said": stats.said,

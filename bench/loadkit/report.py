@@ -50,6 +50,10 @@ def table(title: str, results: dict[str, dict[str, Any]]) -> str:
                        for line in rows]
     lines += ratios(results, direct)
     for name, r in results.items():
+        if r.get("ready"):
+            lines.append(f"  {name} connect to session frame p50 / p99 / max ms: "
+                         f"{r['ready']['p50']:.0f} / {r['ready']['p99']:.0f} / {r['ready']['max']:.0f}; "
+                         f"streams at once, at most: {r['peak']}")
         if r.get("by_second"):
             lines.append(f"  {name} p99 ms by second of the run (received): "
                          + " ".join(f"{p99:.0f}" for p99 in r["by_second"]))

@@ -69,6 +69,7 @@ def meterchat_config(folder: Path, fake: str, live: str = "", data: str = "data"
     limits, notes = lifted_limits()
     path = folder / f"load-{data}.toml"
     rate = "" if abuse else "frame_rate = 100000\nframe_burst = 100000\n"
+    rate += os.environ.get("MC_EXTRA", "").replace("|", "\n")
     live_section = f'[live]\nurl = "{live}"\n' if live else ""
     path.write_text(f'[server]\ndata_dir = "{(folder / data).as_posix()}"\n{rate}{live_section}'
                     f'[providers.p]\nkind = "openai"\nbase_url = "{fake}/v1"\nmodel = "m"\n'

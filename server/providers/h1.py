@@ -39,6 +39,7 @@ from httpx._transports.default import map_httpcore_exceptions
 from server.providers.h1_parse import HIGH_WATER, ResponseReader
 
 _WRITE_BATCH = 64 * 1024
+SWEEP_SECONDS = 0.25  # FastPool: how often a pass with no request waiting drops closed connections
 # The response extension naming its ``H1Body`` (httpcore's pool and httpx's transport pass a
 # response's extensions on), for a reader that iterates ``H1Body.parts`` directly.
 BODY = "meterchat.h1_body"
@@ -368,6 +369,8 @@ class FastPool(httpcore.AsyncConnectionPool):
     def create_connection(self, origin: httpcore.Origin) -> httpcore.AsyncConnectionInterface:
         return H1Connection(origin, self._ssl_context, self._keepalive_expiry, self._socket_options)
 
+    _next_sweep = 0.0  # monotonic time of the next sweep a pass with no queued request makes
+
     def _assign_requests_to_connections(self) -> list[httpcore.AsyncConnectionInterface]:
         """httpcore's pass (run on every request and every response closed): drop closed
         connections, close expired ones and idle ones past ``max_keepalive_connections``, then give
@@ -375,8 +378,17 @@ class FastPool(httpcore.AsyncConnectionPool):
         or a new one in place of an idle connection to another origin. httpcore 1.0's pass counts
         the connections once per idle connection (quadratic: at 500 streams a third of the
         server's CPU went there as they ended) and compares that count, not the idle one, with the
-        keep-alive bound; this one is one walk over each list, and never hands a connection that a
-        request holds but has not started on yet (or one it gave in this pass) to another."""
+        keep-alive bound. This one walks each list once, and never hands a connection that a
+        request holds but has not started on yet (or one it gave in this pass) to another. A pass
+        with no request waiting (a response closed) sweeps only every ``SWEEP_SECONDS``, or when
+        the pool holds more than the keep-alive bound: an expired connection waits that long to
+        close, and a free one is found by the next request's pass."""
+        queued = [request for request in self._requests if request.is_queued()]
+        now = time.monotonic()
+        crowded = len(self._connections) > self._max_keepalive_connections
+        if not queued and not crowded and now < self._next_sweep:
+            return []
+        self._next_sweep = now + SWEEP_SECONDS
         closing: list[httpcore.AsyncConnectionInterface] = []
         kept: list[httpcore.AsyncConnectionInterface] = []
         idle: list[httpcore.AsyncConnectionInterface] = []
@@ -396,7 +408,6 @@ class FastPool(httpcore.AsyncConnectionPool):
             idle = idle[surplus:]
             kept = [connection for connection in kept if id(connection) not in gone]
         self._connections = kept
-        queued = [request for request in self._requests if request.is_queued()]
         if not queued:
             return closing
         held = {id(request.connection) for request in self._requests if request.connection is not None}
