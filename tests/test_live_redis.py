@@ -242,6 +242,34 @@ async def test_live_switch_sent_to_b_holds_for_the_next_turn_on_a(tmp_path, redi
 
 
 
+async def test_live_a_message_sent_the_moment_done_arrives_is_taken_on_either_instance(
+        tmp_path, redis_server, monkeypatch):
+    # The lease goes before the turn's last frame: a client that answers `done` at once, on this
+    # instance or another, never finds the lease of the turn that just ended. A slow Redis makes
+    # the release take a while, so a `done` sent before it would be seen long before the lease went.
+    real = TurnLease.release
+
+    async def slow_release(self: TurnLease, session_id: str, claim: Any) -> None:
+        await anyio.sleep(0.3)
+        await real(self, session_id, claim)
+    monkeypatch.setattr(TurnLease, "release", slow_release)
+    with two_servers(tmp_path, redis_server) as (a_address, b_address):
+        async with client(a_address) as a, client(b_address) as b:
+            await a.hello()
+            await b.hello(a.session_id)
+            first = await a.say("one")
+            await b.until("done")
+            on_b = await b.say("two, on b, at once")
+            await a.until("done")
+            on_a = await a.say("three, on a, at once")
+            aborted = await a.start_turn("four, stopped", "q4")
+            await a.send("stop")
+            aborted += await a.until("done", "error", "aborted")
+            after_stop = await a.say("five, at once after the stop")
+    assert [turn[-1]["type"] for turn in (first, on_b, on_a, aborted, after_stop)] == \
+        ["done", "done", "done", "aborted", "done"]
+
+
 async def test_live_calibration_is_shared_by_every_instance(redis_server):
     """A ratio learned on one instance is adopted by the others (and by one started later)."""
     from server.live.shared import CALIBRATION_KEY, SharedCalibrations

@@ -33,18 +33,24 @@ def lost_turn(orphan: Claim) -> Frame:
 
 
 class LiveHold:
-    """The session's lease, held by this instance for one turn."""
+    """The session's lease, held by this instance for one turn. The turn releases it just before
+    its last frame (``Turn.last``), the hub again after the turn (a no-op then, but for dropping
+    the session from the cache once nothing holds it here)."""
 
     def __init__(self, instances: LiveInstances, session: Session, claim: Claim) -> None:
         self.instances = instances
         self.session = session
         self.claim = claim
+        self.released = False
 
     async def keep(self, handle: TurnHandle) -> None:
-        await self.instances.heartbeat(self.session, handle, self.claim)
+        await self.instances.heartbeat(self.session, handle, self.claim, lambda: self.released)
 
     async def release(self) -> None:
-        await self.instances.release(self.session, self.claim)
+        if not self.released:
+            self.released = True
+            await self.instances.release(self.session, self.claim)
+        self.instances.forget_idle(self.session)
 
 
 class LiveInstances:
@@ -108,21 +114,22 @@ class LiveInstances:
             await self.live.lease.release(session.id, claim)
         except LiveUnavailable as exc:  # the lease expires by itself
             log.warning("live: lease of session %s not released: %s", session.id, exc)
-        self.forget_idle(session)
 
-    async def heartbeat(self, session: Session, handle: TurnHandle, claim: Claim) -> None:
-        """Extend the lease while the turn runs; stop the turn when the lease is no longer ours."""
+    async def heartbeat(self, session: Session, handle: TurnHandle, claim: Claim,
+                        released: Callable[[], bool]) -> None:
+        """Extend the lease while the turn runs; stop the turn when the lease is no longer ours
+        (not when the turn let it go itself, ending)."""
         beat = self.live.lease.ttl_ms / 3000
         while not handle.done.is_set():
             with anyio.move_on_after(beat):
                 await handle.done.wait()
-            if handle.done.is_set():
+            if handle.done.is_set() or released():
                 return
             try:
                 ours = await self.live.lease.extend(session.id, claim)
             except LiveUnavailable:
                 continue  # Redis is away (the tail tells the clients); try again next beat
-            if not ours:  # taken over: another instance closed this turn; stop writing it
+            if not ours and not released():  # taken over: another instance closed this turn; stop writing it
                 log.warning("live: lease of turn %s lost; stopping it", claim.turn_id)
                 handle.cancel_scope.cancel()
                 return

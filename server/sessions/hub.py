@@ -249,6 +249,7 @@ class SessionHub:
             raise
         await self._maybe_title(session, text)
         turn = Turn(self.rt, session, turn_id, route, self.compaction)
+        turn.let_go = hold.release
         if hold is not SOLE_HOLD:  # one process: the session's turn is the whole hold
             self.spawn(hold.keep, handle)
         self.spawn(self._run_turn, session, turn, handle, hold)
@@ -304,7 +305,7 @@ class SessionHub:
                 await turn.run()
             if handle.cancel_scope.cancelled_caught:
                 with anyio.CancelScope(shield=True):
-                    await self._abort(session, turn)
+                    await self._abort(session, turn, hold)
         finally:
             session.turn = None
             handle.done.set()
@@ -318,9 +319,10 @@ class SessionHub:
         if session.owner is not None:  # only a signed-in user has a daily budget
             self.spawn(self.send_budget, session)
 
-    async def _abort(self, session: Session, turn: Turn) -> None:
+    async def _abort(self, session: Session, turn: Turn, hold: Hold) -> None:
         try:
             await turn.finish_reply(interrupted=True)
         except StoreUnavailable:
             pass  # kept in session.unsaved; self.unsaved writes it
+        await hold.release()  # before the client can see the turn end (Turn.last)
         session.emit(server_frame("aborted", turn_id=turn.turn_id))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import operator
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,10 @@ class CallResult:
     finish: str | None = None
 
 
+async def _nothing() -> None:
+    return None
+
+
 class Turn:
     def __init__(self, rt: Runtime, session: Session, turn_id: str, route: Route,
                  compaction: Compaction | None = None) -> None:
@@ -90,6 +95,9 @@ class Turn:
         self.reply_count: int | None = None  # the provider's count of the reply being finished
         self.final_at: str | None = None  # when the final reply began: the page's hover time
         self.call_ids: set[str] | None = None  # tool call ids the session holds (unique_call_id)
+        # Lets go of the session's hold (live mode: its lease in Redis) before the turn's last
+        # frame: a client may send the next message, to any instance, the moment it sees it.
+        self.let_go: Callable[[], Awaitable[None]] = _nothing
 
     # --- frames -------------------------------------------------------------------------------
 
@@ -192,7 +200,7 @@ class Turn:
             # Kept in the transcript but not sent again, so one oversized message cannot block
             # every later turn when proactive trimming is off.
             await self.session.set_aside(self.turn_id, SET_ASIDE_UNFIT)
-            self.session.emit(error_frame(exc, turn_id=self.turn_id))
+            await self.last(error_frame(exc, turn_id=self.turn_id))
         except MeterchatError as exc:
             await self.fail(exc)
         except Exception as exc:  # a bug must not take the session down; the user is told
@@ -202,7 +210,7 @@ class Turn:
             try:
                 await self.finish_reply(interrupted=False)
             except StoreUnavailable as exc:  # the reply is complete, only its write waits
-                self.session.emit(error_frame(exc, turn_id=self.turn_id))
+                await self.last(error_frame(exc, turn_id=self.turn_id))
                 return
             await self.end(await self.done_frame())
 
@@ -215,7 +223,13 @@ class Turn:
         except Exception:  # the store may be what failed (learned windows are read from it)
             log.exception("meter after turn %s of session %s", self.turn_id, self.session.id)
         finally:
-            self.session.emit(frame)
+            await self.last(frame)
+
+    async def last(self, frame: dict[str, Any]) -> None:
+        """The turn's last frame (``done``, ``error``), once the hold is let go."""
+        with anyio.CancelScope(shield=True):
+            await self.let_go()
+        self.session.emit(frame)
 
     async def fail(self, exc: Exception) -> None:
         """Keep the reply, marked interrupted, and tell the clients, even when the store refuses
@@ -232,7 +246,7 @@ class Turn:
         except Exception:  # the meter must never hide the error that ended the turn
             log.exception("meter after turn %s of session %s", self.turn_id, self.session.id)
         finally:
-            self.session.emit(error_frame(exc, turn_id=self.turn_id))
+            await self.last(error_frame(exc, turn_id=self.turn_id))
 
     async def loop(self) -> None:
         limit = self.options.max_tool_iterations
