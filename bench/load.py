@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(auto|websockets|websockets-sansio|wsproto)")
     parser.add_argument("--abuse", action="store_true", help="beside meterchat's sessions: a client that "
                         "never reads, a bad-frame flood and an oversized frame")
+    parser.add_argument("--setting", action="append", default=[], help="a [server] setting for "
+                        "meterchat, as in its TOML (repeatable): --setting 'store_flush_ms = 2000'")
     parser.add_argument("--keep-logs", action="store_true", help="print where the children's logs are")
     parser.add_argument("--role", help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -62,14 +63,14 @@ def lifted_limits() -> tuple[str, list[str]]:
 
 
 def meterchat_config(folder: Path, fake: str, live: str = "", data: str = "data",
-                     abuse: bool = False) -> tuple[Path, list[str]]:
+                     abuse: bool = False, settings: Sequence[str] = ()) -> tuple[Path, list[str]]:
     """The settings file; with ``live`` (a Redis URL) the instances share their live side there.
     The frame rate limit is lifted unless the abuse mix runs (its flood is what the limit is for):
     the first-chunk mode sends a message per 5-token turn, hundreds a second on one socket."""
     limits, notes = lifted_limits()
     path = folder / f"load-{data}.toml"
     rate = "" if abuse else "frame_rate = 100000\nframe_burst = 100000\n"
-    rate += os.environ.get("MC_EXTRA", "").replace("|", "\n")
+    rate += "".join(f"{line}\n" for line in settings)  # bench/load.py --setting
     live_section = f'[live]\nurl = "{live}"\n' if live else ""
     path.write_text(f'[server]\ndata_dir = "{(folder / data).as_posix()}"\n{rate}{live_section}'
                     f'[providers.p]\nkind = "openai"\nbase_url = "{fake}/v1"\nmodel = "m"\n'
@@ -91,7 +92,8 @@ class Bench:
         fake = procs.start(role_args("fake", {"port": port, "seconds": 2 * 3600}), port,
                            self.load_cores, self.log)
         stack.callback(procs.stop, fake)
-        self.config, self.notes = meterchat_config(folder, self.fake, abuse=args.abuse)
+        self.config, self.notes = meterchat_config(folder, self.fake, abuse=args.abuse,
+                                                   settings=args.setting)
 
     def serve(self, path: str, stack: ExitStack) -> Served:
         """Start the server of ``path`` (nothing for direct)."""
@@ -113,7 +115,8 @@ class Bench:
         return served
 
     def live_config(self, redis_url: str, data_dir: Path) -> Path:
-        return meterchat_config(self.folder, self.fake, redis_url, data_dir.name, self.args.abuse)[0]
+        return meterchat_config(self.folder, self.fake, redis_url, data_dir.name, self.args.abuse,
+                               self.args.setting)[0]
 
     def meterchat_args(self, port: int, served: Served, stack: ExitStack) -> list[str]:
         workers = self.workers_flag() if self.args.workers else []
