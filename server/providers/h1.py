@@ -366,10 +366,10 @@ class FastPool(httpcore.AsyncConnectionPool):
     """httpcore's pool, its connections ``H1Connection`` (see the module docstring), its assignment
     pass linear in the connections and requests it holds."""
 
+    _next_sweep = 0.0  # monotonic time of the next sweep a pass with no queued request makes
+
     def create_connection(self, origin: httpcore.Origin) -> httpcore.AsyncConnectionInterface:
         return H1Connection(origin, self._ssl_context, self._keepalive_expiry, self._socket_options)
-
-    _next_sweep = 0.0  # monotonic time of the next sweep a pass with no queued request makes
 
     def _assign_requests_to_connections(self) -> list[httpcore.AsyncConnectionInterface]:
         """httpcore's pass (run on every request and every response closed): drop closed
