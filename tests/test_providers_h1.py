@@ -19,8 +19,9 @@ import anyio.abc
 import httpx
 import pytest
 
-from server.providers.h1 import BODY, REQUEST_SENT, FastPool, H1Body, H1Connection
+from server.providers.h1 import BODY, REQUEST_SENT, H1Body, H1Connection
 from server.providers.h1_parse import MAX_OVERHEAD
+from server.providers.pool import FastPool
 from server.providers.transport import build_transport
 from tests.support import run_server
 

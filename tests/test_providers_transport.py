@@ -14,7 +14,7 @@ import pytest
 
 from server.config.settings import ProviderProfile
 from server.providers._http import build_client
-from server.providers.h1 import FastPool
+from server.providers.pool import FastPool
 from server.providers.transport import LeanBackend, build_transport
 from tests.support import run_server
 

@@ -1,5 +1,5 @@
 """The transport provider streams are read through: httpx's own (``httpx.AsyncHTTPTransport``: its
-pool, limits and errors) with HTTP/1.1 parsed in C (``build_transport``: ``h1.FastPool``), and
+pool, limits and errors) with HTTP/1.1 parsed in C (``build_transport``: ``pool.FastPool``), and
 ``LeanBackend``, a lean network backend for httpcore's own h11 connections written on asyncio's
 protocol API (the previous read path, kept as the h11 reference the tests and benches compare with).
 
@@ -30,8 +30,8 @@ from typing import Any, cast
 import httpcore
 import httpx
 
-from server.providers.h1 import FastPool
 from server.providers.h1_parse import WriteFlow
+from server.providers.pool import FastPool
 
 HIGH_WATER = 256 * 1024  # bytes buffered before the socket stops being read (flow control)
 
@@ -187,7 +187,7 @@ async def _connect(opener: Any, timeout: float | None, socket_options: Iterable[
 
 
 def build_transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport | None:
-    """httpx's transport with its pool replaced by ``h1.FastPool`` (httpcore's pool, HTTP/1.1
+    """httpx's transport with its pool replaced by ``pool.FastPool`` (httpcore's pool, HTTP/1.1
     connections parsed by httptools); None where httpx's default must stay (a proxy in the
     environment, or an httpx whose transport no longer keeps a connection pool)."""
     if any(scheme != "no" for scheme in urllib.request.getproxies()):  # NO_PROXY alone names none
