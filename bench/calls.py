@@ -37,9 +37,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.loadkit import procs  # noqa: E402
 from bench.loadkit.relay import relay_app  # noqa: E402
-from bench.loadkit.runner import role_args  # noqa: E402
+from bench.loadkit.runner import meterchat_config, role_args  # noqa: E402
 from bench.loadkit.wire import STAMP, ask  # noqa: E402
-from server.config.load import settings_from_mapping  # noqa: E402
+from server.config.load import load_settings  # noqa: E402
 from server.web.app import create_app  # noqa: E402
 from server.web.ws_guard import LingeringWebSocketProtocol  # noqa: E402
 from tests.support import Running, client, run_server  # noqa: E402
@@ -64,12 +64,9 @@ class Counter:
             self.calls[f"C {getattr(arg, '__qualname__', arg)}"] += 1
 
 
-def meterchat_app(fake: str, data_dir: str) -> Any:
-    return create_app(settings_from_mapping({
-        "server": {"data_dir": data_dir, "frame_rate": 100000, "frame_burst": 100000},
-        "providers": {"p": {"kind": "openai", "base_url": f"{fake}/v1", "model": "m",
-                            "context_window": 1000000, "discover_window": False, "tools": False,
-                            "timeout_seconds": 300}}}, env={}))
+def meterchat_app(fake: str, folder: str) -> Any:
+    """meterchat on the load bench's settings (``runner.meterchat_config``)."""
+    return create_app(load_settings(meterchat_config(Path(folder), fake)[0], env={}))
 
 
 def serve(path: str, fake: str, out: str) -> None:
@@ -82,7 +79,7 @@ def serve(path: str, fake: str, out: str) -> None:
     signal.signal(signal.SIGUSR2, lambda *_: Path(out).write_text(json.dumps(
         {"kinds": counter.kinds, "calls": counter.calls})))
     with tempfile.TemporaryDirectory() as folder:
-        app = relay_app(fake + "/v1") if path == "relay" else meterchat_app(fake, folder + "/data")
+        app = relay_app(fake + "/v1") if path == "relay" else meterchat_app(fake, folder)
         options = {"ws": LingeringWebSocketProtocol} if path == "meterchat" else {}
         sys.setprofile(counter)
         threading.setprofile(counter)  # the store's worker threads too

@@ -9,6 +9,7 @@ relay. Prints one JSON summary on stdout.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import time
@@ -46,8 +47,7 @@ class Plan:
 
 @dataclass
 class Stats:
-    delays: array = field(default_factory=lambda: array("q"))
-    seconds: dict[int, array] = field(default_factory=dict)  # the same delays by second of the run
+    seconds: dict[int, array] = field(default_factory=dict)  # each token's delay by second of the run
     start: int = field(default_factory=time.monotonic_ns)
     first: array = field(default_factory=lambda: array("q"))
     received: int = 0
@@ -62,6 +62,17 @@ class Stats:
     ready: array = field(default_factory=lambda: array("q"))  # connect -> the session frame (ws)
     streaming: int = 0  # sessions between their first token and the end of their turn, now
     peak: int = 0  # the most at once
+
+    def this_second(self, now: int) -> array:
+        """Where the delays of tokens received at ``now`` go."""
+        second = (now - self.start) // 1_000_000_000
+        delays = self.seconds.get(second)
+        if delays is None:
+            delays = self.seconds[second] = array("q")
+        return delays
+
+    def delays(self) -> array:
+        return array("q", itertools.chain.from_iterable(self.seconds.values()))
 
     def error(self, code: str, message: str = "") -> None:
         self.errors[code] = self.errors.get(code, 0) + 1
@@ -102,12 +113,10 @@ class Session(asyncio.Protocol):
     def stamps(self, text: bytes, now: int) -> int:
         """Record every complete stamp in ``text``; returns where the last one ended."""
         end = 0
+        delays = self.stats.this_second(now)
         for found in STAMP.finditer(text):
             seq, end = int(found[1]), found.end()
-            delay = now - int(found[2])
-            self.stats.delays.append(delay)
-            second = (now - self.stats.start) // 1_000_000_000
-            self.stats.seconds.setdefault(second, array("q")).append(delay)
+            delays.append(now - int(found[2]))
             self.stats.received += 1
             if not self.got_first:
                 self.got_first = True
@@ -281,7 +290,7 @@ def main(plan_json: str) -> None:
     started, cpu = time.monotonic(), os.times()
     stats, abusers = fast_loop().run_until_complete(run(plan))
     used = os.times()
-    summary = {"delay": percentiles(stats.delays), "first": percentiles(stats.first),
+    summary = {"delay": percentiles(stats.delays()), "first": percentiles(stats.first),
                "ready": percentiles(stats.ready), "peak": stats.peak,
                "by_second": [percentiles(stats.seconds[s]).get("p99") for s in sorted(stats.seconds)],
                "received": stats.received, "lost": stats.lost, "reordered": stats.reordered,

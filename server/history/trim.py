@@ -227,8 +227,9 @@ def cap_tool_result(text: str, max_chars: int) -> str:
     return f"{text[:head_end]}\n\n[... {omitted} characters truncated ...]\n\n{text[tail_start:]}"
 
 
-def _answered_calls(messages: Sequence[ChatMessage]) -> tuple[set[str], set[int]]:
-    """Call ids with a result after their call, and the indices of results that answer nothing."""
+def _answered_calls(messages: Sequence[ChatMessage]) -> tuple[set[str], set[str], set[int]]:
+    """Call ids asked for, those with a result after their call, and the indices of results that
+    answer nothing."""
     called: set[str] = set()
     answered: set[str] = set()
     orphans: set[int] = set()
@@ -241,7 +242,7 @@ def _answered_calls(messages: Sequence[ChatMessage]) -> tuple[set[str], set[int]
             answered.add(message.tool_call_id)
         else:
             orphans.add(index)
-    return answered, orphans
+    return called, answered, orphans
 
 
 def _without_unanswered(message: ChatMessage, answered: set[str]) -> ChatMessage | None:
@@ -266,8 +267,8 @@ def sweep_orphans(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
     with text is replaced by a copy (same id) without those calls. Order is kept; inputs are not
     mutated. ``[Tool results]`` user messages carry no call id and are left alone.
     """
-    answered, orphans = _answered_calls(messages)
-    if not answered and not orphans and not any(message.tool_calls for message in messages):
+    called, answered, orphans = _answered_calls(messages)
+    if not called and not orphans:
         return list(messages)  # no tool message at all (the common history): nothing to sweep
     swept: list[ChatMessage] = []
     for index, message in enumerate(messages):

@@ -94,10 +94,7 @@ class RedisChannel(FrameChannel):
         self.log.append(self.seq, packet.text)
         for outbox, floor in self.floors.items():
             if self.seq > floor:
-                # Through the writer task, not at once: a turn's ``done`` comes back from Redis
-                # while the turn still releases its lease there, and a client that answered a
-                # ``done`` written at once was refused as busy (tests/test_live_redis.py, loaded).
-                outbox.push(packet, at_once=False)
+                outbox.push(packet)
 
     async def settle(self) -> None:
         """Wait until every frame emitted here has its seq (so memory and stream agree)."""

@@ -129,9 +129,10 @@ class LiveInstances:
                 ours = await self.live.lease.extend(session.id, claim)
             except LiveUnavailable:
                 continue  # Redis is away (the tail tells the clients); try again next beat
-            if not ours and not released():  # taken over: another instance closed this turn; stop writing it
-                log.warning("live: lease of turn %s lost; stopping it", claim.turn_id)
-                handle.cancel_scope.cancel()
+            if not ours:
+                if not released():  # taken over: another instance closed this turn; stop writing it
+                    log.warning("live: lease of turn %s lost; stopping it", claim.turn_id)
+                    handle.cancel_scope.cancel()
                 return
 
     async def stop_elsewhere(self, session_id: str) -> None:

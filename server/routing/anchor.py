@@ -21,14 +21,10 @@ from typing import Any
 
 from server.history.messages import MESSAGE_OVERHEAD_TOKENS
 from server.providers.base import Usage
+from server.routing.calibration import bounded
 from server.routing.content import Density, piece_costs
 
 MIN_MARGINAL_RAW = 32  # a smaller step between two counts says too little about the ratio
-RATIO_MIN, RATIO_MAX = 0.25, 4.0
-
-
-def bounded(ratio: float) -> float:
-    return min(RATIO_MAX, max(RATIO_MIN, ratio))
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ class _Named(Protocol):
     def name(self) -> str: ...
 
 
-def _clamp(ratio: float) -> float:
+def bounded(ratio: float) -> float:
+    """``ratio`` within ``[RATIO_MIN, RATIO_MAX]``: no one count moves an estimate further."""
     return min(RATIO_MAX, max(RATIO_MIN, ratio))
 
 
@@ -53,11 +54,11 @@ class Calibration:
     def observe(self, estimate: int, reported: int) -> None:
         if estimate <= 0 or reported <= 0:
             return
-        sample = _clamp(reported / estimate)
+        sample = bounded(reported / estimate)
         if self.observations == 0:
             self.ratio = sample
         else:
-            self.ratio = _clamp(self.alpha * sample + (1.0 - self.alpha) * self.ratio)
+            self.ratio = bounded(self.alpha * sample + (1.0 - self.alpha) * self.ratio)
         self.observations += 1
 
     def apply(self, estimate: int) -> int:

@@ -44,11 +44,13 @@ from server.history.ledger import HistoryLedger
 from server.history.messages import DEFAULT_IMAGE_TOKEN_COST, ChatMessage
 from server.protocol import server_frame
 from server.providers.base import ToolSpec
-from server.routing.anchor import MIN_MARGINAL_RAW, Anchor, bounded, next_anchor, reply_text
+from server.routing.anchor import MIN_MARGINAL_RAW, Anchor, next_anchor, reply_text
+from server.routing.calibration import bounded
 from server.routing.content import (
     Density,
     Vocabulary,
     added,
+    content_kind,
     kind_of,
     message_density,
     message_kind,
@@ -225,10 +227,11 @@ class Meter:
         route: the route's calibration, a whole-request ratio of the same mix (``preamble`` left 0:
         its count teaches no preamble)."""
         calibration = self.resolver.calibration.ratio(route)
+        kind = content_kind(messages)
         first = [message for message in messages if message.role != "system"]
         if any(message.role == "assistant" for message in first):  # a conversation switched here
             return Reading(route, capacity, self.resolver.budget(capacity), estimate, schemas, calibration,
-                           None, self.reserve, servers, kind_of(added(messages)))
+                           None, self.reserve, servers, kind)
         preamble = schemas + sum(message.text_tokens for message in messages if message.role == "system")
         latest = self.vocabulary(route.name).latest
         density = piece_density([message.content for message in first]) if latest is not None else None
@@ -242,7 +245,7 @@ class Meter:
             rest = (text * price + images * picture) / (text + images) if text + images else calibration
             opening = Opening(preamble, learned, rest)
         return Reading(route, capacity, self.resolver.budget(capacity), estimate, schemas, calibration,
-                       None, self.reserve, servers, kind_of(added(messages)), density=density,
+                       None, self.reserve, servers, kind, density=density,
                        added=len(first), preamble=preamble, images=images, opening=opening)
 
     def first_price(self, route: str, density: Density | None) -> float | None:

@@ -117,12 +117,12 @@ class Outbox:
     def overflowed(self) -> bool:
         return self.overflow.is_set()
 
-    def push(self, packet: Packet, at_once: bool = True) -> None:
-        """Queue ``packet`` for the writer, or with ``at_once`` write it now when the writer waits
-        and the socket takes it without waiting."""
+    def push(self, packet: Packet) -> None:
+        """Queue ``packet`` for the writer, or write it now when the writer waits and the socket
+        takes it without waiting."""
         # A waiting writer has taken everything and sent it (the queue is empty, ending unset:
         # either would have woken it); a socket that must wait first (backpressure) gets the queue.
-        if at_once and self._waiter is not None and self.direct is not None and self.direct(packet.text):
+        if self._waiter is not None and self.direct is not None and self.direct(packet.text):
             return
         self.frames.append(packet)
         self.bytes += packet.size

@@ -305,7 +305,7 @@ class SessionHub:
                 await turn.run()
             if handle.cancel_scope.cancelled_caught:
                 with anyio.CancelScope(shield=True):
-                    await self._abort(session, turn, hold)
+                    await self._abort(turn)
         finally:
             session.turn = None
             handle.done.set()
@@ -319,10 +319,9 @@ class SessionHub:
         if session.owner is not None:  # only a signed-in user has a daily budget
             self.spawn(self.send_budget, session)
 
-    async def _abort(self, session: Session, turn: Turn, hold: Hold) -> None:
+    async def _abort(self, turn: Turn) -> None:
         try:
             await turn.finish_reply(interrupted=True)
         except StoreUnavailable:
             pass  # kept in session.unsaved; self.unsaved writes it
-        await hold.release()  # before the client can see the turn end (Turn.last)
-        session.emit(server_frame("aborted", turn_id=turn.turn_id))
+        await turn.last(server_frame("aborted", turn_id=turn.turn_id))

@@ -226,7 +226,7 @@ class Turn:
             await self.last(frame)
 
     async def last(self, frame: dict[str, Any]) -> None:
-        """The turn's last frame (``done``, ``error``), once the hold is let go."""
+        """The turn's last frame (``done``, ``error``, ``aborted``), once the hold is let go."""
         with anyio.CancelScope(shield=True):
             await self.let_go()
         self.session.emit(frame)

@@ -162,7 +162,8 @@ class LingeringWebSocketProtocol(WebSocketsSansIOProtocol):
         """Write ``text`` as one text frame now if the socket takes it without waiting (the
         transport is below its high water: uvicorn's ``writable`` is set); False, nothing written,
         when it would have to wait or the connection is gone or closing: the caller queues it."""
-        if not self.writable.is_set() or self.conn.writes or not self._can_write():
+        conn = self.conn  # in place, so no extension or debug framing either (never with meterchat's)
+        if not self.writable.is_set() or conn.writes or not self._open() or conn.extensions or conn.debug:
             return False  # (what websockets queued, a pong, leaves first: by the batch path)
         data = text.encode()
         size = len(data)  # a chunk frame is short: its head is two bytes, made here (a call less)
@@ -178,11 +179,6 @@ class LingeringWebSocketProtocol(WebSocketsSansIOProtocol):
         conn = self.conn
         return not (self.disconnected or self.close_sent or self.lingering or self.transport.is_closing()
                     or conn.state is not State.OPEN or conn.expect_continuation_frame)
-
-    def _can_write(self) -> bool:
-        """Open for a data frame written in place: no extension or debug framing either (never with
-        meterchat's options)."""
-        return self._open() and not (self.conn.extensions or self.conn.debug)
 
     def _write_now(self, batch: list[bytes]) -> bool:
         conn = self.conn
