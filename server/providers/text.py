@@ -69,27 +69,26 @@ class TextGuard:
         self._thinking = SurrogateJoiner()
 
     def events(self, event: StreamEvent) -> tuple[StreamEvent, ...]:
-        if type(event) is TextDelta:  # once per streamed piece: _delta's usual case, a call less
+        if type(event) is TextDelta:  # once per streamed piece: first, and with no call
             self._budget.take(len(event.text))
             text = self._text.text(event.text)
             if text is event.text:
                 return (event,)
             return (TextDelta(text),) if text else ()
-        if isinstance(event, TextDelta | ThinkingDelta):
-            return self._delta(event)
+        if isinstance(event, ThinkingDelta):
+            return self._thought(event)
         if isinstance(event, ToolCallEvent):
             return (self._call(event),)
         if isinstance(event, Finish):
             return self._finish(event)
         return (event,)
 
-    def _delta(self, event: TextDelta | ThinkingDelta) -> tuple[StreamEvent, ...]:
+    def _thought(self, event: ThinkingDelta) -> tuple[StreamEvent, ...]:
         self._budget.take(len(event.text))
-        joiner = self._text if isinstance(event, TextDelta) else self._thinking
-        text = joiner.text(event.text)
+        text = self._thinking.text(event.text)
         if text is event.text:
             return (event,)
-        return (type(event)(text),) if text else ()
+        return (ThinkingDelta(text),) if text else ()
 
     def _call(self, event: ToolCallEvent) -> ToolCallEvent:
         return ToolCallEvent(valid_text(event.id), valid_text(event.name), valid_value(event.arguments))
