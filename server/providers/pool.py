@@ -11,6 +11,7 @@ import time
 from typing import cast
 
 import httpcore
+from httpcore._async.connection_pool import AsyncPoolRequest
 
 from server.providers.h1 import H1Connection
 
@@ -41,7 +42,13 @@ class FastPool(httpcore.AsyncConnectionPool):
         with no request waiting (a response closed) sweeps only every ``SWEEP_SECONDS``, or when
         the pool holds more than the keep-alive bound: an expired connection waits that long to
         close, and a free one is found by the next request's pass."""
-        queued = [request for request in self._requests if request.is_queued()]
+        queued: list[AsyncPoolRequest] = []
+        held: set[int] = set()  # connections a request holds (ACTIVE, or assigned and not started)
+        for request in self._requests:
+            if request.connection is None:  # httpcore's is_queued()
+                queued.append(request)
+            else:
+                held.add(id(request.connection))
         now = time.monotonic()
         crowded = len(self._connections) > self._max_keepalive_connections
         if not queued and not crowded and now < self._next_sweep:
@@ -68,7 +75,6 @@ class FastPool(httpcore.AsyncConnectionPool):
         self._connections = kept
         if not queued:
             return closing
-        held = {id(request.connection) for request in self._requests if request.connection is not None}
         spare = {id(c): c for c in idle if id(c) not in held}  # idle, nobody's: may close for room
         free: dict[tuple[bytes, bytes, int], collections.deque[httpcore.AsyncConnectionInterface]] = {}
         for connection in spare.values():
