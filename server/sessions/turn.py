@@ -28,13 +28,12 @@ import anyio.lowlevel
 from server.errors import (
     CapacityExceeded,
     ContextOverflow,
-    HistoryUnfit,
     MeterchatError,
     StoreUnavailable,
     error_frame,
 )
 from server.history.messages import ChatMessage, ToolCall, estimate_history_tokens, without_old_tool_images
-from server.history.trim import REASON_OVERFLOW, TrimReport, recovery_budget, sweep_orphans
+from server.history.trim import sweep_orphans
 from server.protocol import server_frame
 from server.providers.base import (
     Finish,
@@ -48,9 +47,9 @@ from server.providers.base import (
     Usage,
 )
 from server.routing.anchor import reply_tokens
-from server.routing.calibration import named_window, plausible
 from server.routing.meter import Reading
 from server.routing.resolver import Route
+from server.sessions import turn_trims as trims
 from server.sessions.call_frames import CallFrames
 from server.sessions.compaction_runner import Compaction, NoCompaction
 from server.sessions.reply import ReplyWriter, Step
@@ -110,58 +109,6 @@ class Turn:
 
     def tools(self, final: bool = False) -> list[ToolSpec]:
         return self.rt.meter.tools(self.route, final)
-
-    # --- trimming -----------------------------------------------------------------------------
-
-    async def apply_trim(self, report: TrimReport, reading: Reading | None = None,
-                         budget: int | None = None) -> Reading | None:
-        """Mark and announce what ``report`` dropped; the reading of the ``trim`` meter frame (what
-        the session would send now), or None when nothing was dropped."""
-        if await self.session.trim(report, self.turn_id, reading, budget):
-            return await self.emit_meter("trim")
-        return None
-
-    async def proactive_trims(self, final: bool) -> Reading:
-        """Turn limit, compaction, then the budget trim, measured as the meter measures: tool
-        schemas, calibration, the provider's last count and the reply reserve included. Returns
-        the reading of the history left to send (read once: a trim's frame's reading is reused)."""
-        ledger = self.session.ledger
-        reading = await self.apply_trim(ledger.trim_turn_count(self.options.turn_limit))
-        provider = self.rt.providers[self.route.provider]
-        await self.compaction.compact(self.session, self.route, provider, self.turn_id)
-        if reading is None or final or self.session.ledger is not ledger:  # compaction rebuilds it
-            reading = await self.session.read_meter(self.route, final)
-        if reading.target > 0:
-            report = self.session.ledger.trim(reading.raw_history_budget())
-            trimmed = await self.apply_trim(report, reading, reading.target)
-            if trimmed is not None:
-                reading = await self.session.read_meter(self.route, final) if final else trimmed
-        return reading
-
-    async def recover(self, overflow: ContextOverflow, final: bool) -> None:
-        await self.learn_from(overflow)
-        reading = await self.session.read_meter(self.route, final)
-        raw = recovery_budget(self.session.ledger.estimate)
-        if reading.capacity.window is not None:  # a window the error named: trim to it, not just 2/3
-            raw = min(raw, reading.raw_history_budget())
-        report = self.session.ledger.trim(raw, reason=REASON_OVERFLOW)
-        if not report.trimmed or not [m for m in report.dropped if not m.breadcrumb]:
-            raise HistoryUnfit(f"{self.route.name} reported a context overflow ({overflow.message}) and "
-                               f"no older turn is left to drop: the newest turn alone does not fit")
-        await self.apply_trim(report, reading, reading.history_figure(raw))
-
-    async def learn_from(self, overflow: ContextOverflow) -> None:
-        """An overflow that names the provider's count calibrates; one that names its limit is the
-        route's window from now on (kept in the store), so the next turn trims before it sends."""
-        sent, counted = self.sent, overflow.requested_tokens or 0
-        if sent is not None and plausible(sent.estimate, counted):
-            self.rt.resolver.calibration.observe(self.route, sent.estimate, counted)
-            self.rt.meter.counted(self.session.anchors, sent, counted)
-        window = named_window(overflow.limit_tokens or 0, self.options.max_output_tokens)
-        if window and await self.rt.resolver.learn_window(self.route, window):
-            self.emit("notice", code="window_learned", turn_id=self.turn_id, message=(
-                f"{self.route.name} refused the request for context length and named its window: "
-                f"{window:,} tokens. The meter shows it and meterchat trims to it from now on."))
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -255,12 +202,12 @@ class Turn:
             final = iteration == limit
             self.session.defer_frames()  # sent once the request has left (CallFrames)
             try:
-                reading = await self.proactive_trims(final)
+                reading = await trims.before_call(self, final)
                 iteration += 1
                 result = await self.call(final, reading)
             except ContextOverflow as overflow:
                 self.session.flush_frames()
-                await self.recover(overflow, final)
+                await trims.after_overflow(self, overflow, final)
                 if final:  # the final answer is still owed: retry it (each recovery drops a turn)
                     iteration -= 1
                 continue
