@@ -6,15 +6,32 @@ turns, marked and announced through the ``Session``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from server.errors import ContextOverflow, HistoryUnfit
 from server.history.trim import REASON_OVERFLOW, TrimReport, recovery_budget
 from server.routing.calibration import named_window, plausible
 from server.routing.meter import Reading
+from server.routing.resolver import Route
+from server.sessions.compaction_runner import Compaction
+from server.sessions.runtime import Runtime
+from server.sessions.session import Session
 
-if TYPE_CHECKING:
-    from server.sessions.turn import Turn
+
+class Turn(Protocol):
+    """What the trims read and do of the turn they run in (``server.sessions.turn.Turn``)."""
+
+    rt: Runtime
+    session: Session
+    route: Route
+    turn_id: str
+    compaction: Compaction
+    sent: Reading | None  # the reading of the request last sent
+
+    async def emit_meter(self, reason: str, reading: Reading | None = None,
+                         reported: int | None = None) -> Reading: ...
+
+    def emit(self, kind: str, **fields: object) -> None: ...
 
 
 async def apply(turn: Turn, report: TrimReport, reading: Reading | None = None,
@@ -32,7 +49,7 @@ async def before_call(turn: Turn, final: bool) -> Reading:
     the reading of the history left to send (read once: a trim's frame's reading is reused)."""
     session, route = turn.session, turn.route
     ledger = session.ledger
-    reading = await apply(turn, ledger.trim_turn_count(turn.options.turn_limit))
+    reading = await apply(turn, ledger.trim_turn_count(turn.rt.options.turn_limit))
     provider = turn.rt.providers[route.provider]
     await turn.compaction.compact(session, route, provider, turn.turn_id)
     if reading is None or final or session.ledger is not ledger:  # compaction rebuilds it
@@ -67,7 +84,7 @@ async def learn_from(turn: Turn, overflow: ContextOverflow) -> None:
     if sent is not None and plausible(sent.estimate, counted):
         rt.resolver.calibration.observe(route, sent.estimate, counted)
         rt.meter.counted(turn.session.anchors, sent, counted)
-    window = named_window(overflow.limit_tokens or 0, turn.options.max_output_tokens)
+    window = named_window(overflow.limit_tokens or 0, turn.rt.options.max_output_tokens)
     if window and await rt.resolver.learn_window(route, window):
         turn.emit("notice", code="window_learned", turn_id=turn.turn_id, message=(
             f"{route.name} refused the request for context length and named its window: "
