@@ -18,6 +18,9 @@ settings, the app) is moved out of the cyclic collector's reach and the youngest
 less often. Measured (docs/performance.md, "Per-chunk work"): at 300 streaming sessions the
 collector took a tenth of the server's CPU and its full passes over about 250,000 objects paused
 the loop for 0.2-0.3 s each; nearly nothing it found was garbage (replies are acyclic).
+
+Under uvloop it then takes over uvicorn's listening sockets (``server.web.accept``), so a burst of
+connections is accepted at the next wake-up rather than one per loop iteration.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from server.config.settings import ServerSettings
 from server.providers.redact import redact
+from server.web.accept import BatchAcceptor, accepts_one_per_wakeup, take_over
 
 # The handlers of the root logger (the app's and libraries' lines) and of uvicorn's error log. The
 # access log has its own handler and server.web.access's ?token= redaction: a request line names a path
@@ -211,10 +215,23 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: Any) -> None:
         super().__init__(config)
         self.app = app
+        self.acceptors: list[BatchAcceptor] = []
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         settle_heap()  # the app is built and every module imported; the lifespan's services are not
         await super().startup(sockets)
+        loop = asyncio.get_running_loop()
+        if self.started and accepts_one_per_wakeup(loop):
+            self.acceptors = [acceptor for server in self.servers
+                              for acceptor in take_over(loop, server, self._new_protocol)]
+
+    def _new_protocol(self) -> asyncio.Protocol:
+        """What uvicorn's own server makes for each connection (``Server.startup``'s factory)."""
+        config = self.config
+        make: Any = config.http_protocol_class  # typed as asyncio.Protocol, whose __init__ takes nothing
+        protocol: asyncio.Protocol = make(config=config, server_state=self.server_state,
+                                          app_state=self.lifespan.state)
+        return protocol
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         grace = self.config.timeout_graceful_shutdown or 0.0
@@ -222,6 +239,8 @@ class DrainingServer(uvicorn.Server):
         drain = getattr(self.app.state, "drain", None)
         if drain is not None:
             await drain(grace)
+        for acceptor in self.acceptors:  # where uvicorn stops accepting: the start of its shutdown
+            acceptor.close()
         left = grace - (time.monotonic() - started)
         # uvicorn's setting is whole seconds: round up, so the grace is never cut short.
         self.config.timeout_graceful_shutdown = math.ceil(max(MIN_CLOSE_SECONDS, left))
