@@ -3,13 +3,14 @@ child process) and talk to it over a real WebSocket client (``websockets``)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -239,3 +240,19 @@ def of_type(frames: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 def text_of(frames: list[dict[str, Any]]) -> str:
     return "".join(frame["content"] for frame in of_type(frames, "chunk"))
+
+
+def iterations_until(loop: asyncio.AbstractEventLoop, done: Callable[[], bool],
+                     most: int) -> asyncio.Future[int]:
+    """How many loop iterations pass before ``done()``: a callback that reschedules itself counts
+    one per iteration (call_soon runs what was scheduled before the iteration began)."""
+    counted = loop.create_future()
+
+    def tick(n: int) -> None:
+        if done() or n >= most:
+            counted.set_result(n)
+        else:
+            loop.call_soon(tick, n + 1)
+
+    loop.call_soon(tick, 0)
+    return counted

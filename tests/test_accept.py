@@ -15,6 +15,7 @@ import uvloop
 
 from server.web import accept
 from server.web.accept import BatchAcceptor, accepts_one_per_wakeup, take_over
+from tests.support import iterations_until
 
 BURST = 60
 
@@ -39,22 +40,6 @@ def clients(port: int, count: int) -> Iterator[list[socket.socket]]:
     finally:
         for sock in made:
             sock.close()
-
-
-def iterations_until(loop: asyncio.AbstractEventLoop, done: Callable[[], bool],
-                     most: int) -> asyncio.Future[int]:
-    """How many loop iterations pass before ``done()``: a callback that reschedules itself counts
-    one per iteration (call_soon runs what was scheduled before the iteration began)."""
-    counted = loop.create_future()
-
-    def tick(n: int) -> None:
-        if done() or n >= most:
-            counted.set_result(n)
-        else:
-            loop.call_soon(tick, n + 1)
-
-    loop.call_soon(tick, 0)
-    return counted
 
 
 Serving = tuple[int, Callable[[], object]]  # the port, and what stops accepting

@@ -3,6 +3,7 @@ no flush taken before a reply ended ever lands after its final save."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from server.history.messages import ChatMessage
 from server.sessions.flusher import Flusher
 from server.store.sqlite import SqliteStore
+from tests.support import iterations_until
 
 pytestmark = pytest.mark.anyio
 
@@ -23,11 +25,13 @@ class GatedStore(SqliteStore):
         super().__init__(*args)
         self.entered = anyio.Event()
         self.gate = anyio.Event()
+        self.saved = anyio.Event()
 
     async def save_batch(self, batch: Mapping[str, Sequence[ChatMessage]]) -> None:
         self.entered.set()
         await self.gate.wait()
         await super().save_batch(batch)
+        self.saved.set()
 
 
 def reply(text: str) -> ChatMessage:
@@ -111,4 +115,31 @@ async def test_checkpoints_leave_the_search_index_and_the_final_save_indexes(tmp
     assert [s.id for s in await store.list_sessions("keeper")] == ["done"]
     assert [s.id for s in await store.list_sessions("beam")] == ["stopped"]
     assert await store.list_sessions("then") != []
+    await store.close()
+
+
+async def test_replies_ending_together_all_go_on_when_the_batch_in_flight_is_written(tmp_path):
+    # 100 replies end while one batch is written: each settle waits for that batch, and all of them
+    # go on in the same few loop iterations, not one per iteration as a lock handed over would.
+    store = GatedStore.open(tmp_path)
+    await store.create_session("s", title="s", route="demo/demo-small")
+    settled: list[str] = []
+
+    async def end(flusher: Flusher, session_id: str) -> None:
+        await flusher.settle(session_id)
+        settled.append(session_id)
+
+    async with anyio.create_task_group() as tasks:
+        flusher = Flusher(store, tasks)
+        flusher.due("s", reply("partial"))
+        await store.entered.wait()
+        for n in range(100):
+            tasks.start_soon(end, flusher, f"r{n}")
+        await anyio.wait_all_tasks_blocked()
+        assert not settled
+        store.gate.set()
+        await store.saved.wait()
+        loop = asyncio.get_running_loop()
+        iterations = await iterations_until(loop, lambda: len(settled) == 100, most=1000)
+    assert len(settled) == 100 and iterations <= 5, iterations
     await store.close()

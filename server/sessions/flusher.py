@@ -35,7 +35,11 @@ class Flusher:
         self._store = store
         self._tasks = tasks
         self._pending: dict[str, dict[str, ChatMessage]] = {}  # session id -> message id -> message
-        self._writing = anyio.Lock()
+        # The batch being written. An event, not a lock: when hundreds of replies end together,
+        # every settle waits for the same batch and all go on at once (a lock handed over one
+        # waiter per loop iteration); and it is set the moment the batch is taken, with no yield
+        # between, so no settle can slip in before the write it must wait for.
+        self._flight: anyio.Event | None = None
         self._running = False
         self.batches = 0  # transactions written (benches and tests read it)
 
@@ -47,8 +51,8 @@ class Flusher:
 
     async def settle(self, session_id: str) -> None:
         self._pending.pop(session_id, None)
-        async with self._writing:  # a batch in flight finishes before the final save starts
-            pass
+        if self._flight is not None:  # a batch in flight finishes before the final save starts
+            await self._flight.wait()
 
     async def _drain(self) -> None:
         try:
@@ -56,8 +60,12 @@ class Flusher:
                 await anyio.sleep(TICK_SECONDS)  # let the flushes of other sessions join this batch
                 batch, self._pending = self._pending, {}
                 if batch:  # every reply in it may have settled during the tick
-                    async with self._writing:
+                    self._flight = flight = anyio.Event()
+                    try:
                         await self._write(batch)
+                    finally:
+                        self._flight = None
+                        flight.set()
         finally:
             self._running = False
 
