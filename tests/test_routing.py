@@ -239,6 +239,20 @@ async def test_capacity_concurrent_turns_ask_once() -> None:
 
 
 @pytest.mark.anyio
+async def test_capacity_a_discovered_window_is_answered_without_waiting() -> None:
+    # Every turn asks; once the window is known the answer takes no lock and never suspends (each
+    # lock hand-over cost a loop iteration, so turns starting together queued one per iteration).
+    provider = CountingProvider({"mistral": 32768})
+    resolver = make_resolver({"local": provider})
+    route = Route("local", "mistral")
+    await resolver.capacity(route)
+    asking = resolver.capacity(route)
+    with pytest.raises(StopIteration) as answered:
+        asking.send(None)
+    assert answered.value.value == Capacity(32768, "provider")
+
+
+@pytest.mark.anyio
 async def test_capacity_config_answer_does_not_ask_provider() -> None:
     provider = CountingProvider({"qwen": 1})
     resolver = make_resolver({"local": provider})

@@ -248,15 +248,17 @@ class RouteResolver:
         if not profile.discover_window or route.provider not in self.providers:
             return UNKNOWN_CAPACITY
         key = (route.provider, route.model)
-        lock = self._locks.setdefault(key, anyio.Lock())
+        window = self._window(key)
+        if window is not None:  # most turns: no lock (a lock handed over costs a loop iteration each)
+            return window
+        lock = self._locks.setdefault(key, anyio.Lock(fast_acquire=True))
         try:
             async with lock:  # concurrent turns on one route ask the provider once
-                cached = self._windows.get(key)
-                if cached is None or (not cached[0].known and time.monotonic() >= cached[1]):
-                    # A known window is kept; "unknown" is asked again later (the server may come up).
-                    cached = (await self._discover(route), time.monotonic() + UNKNOWN_RETRY_SECONDS)
-                self._remember(key, cached)
-                return cached[0]
+                window = self._window(key)
+                if window is None:
+                    window = await self._discover(route)
+                    self._remember(key, (window, time.monotonic() + UNKNOWN_RETRY_SECONDS))
+                return window
         finally:
             if not lock.locked() and not lock.statistics().tasks_waiting:
                 self._locks.pop(key, None)  # a lock lives while a discovery of its route does
@@ -266,6 +268,15 @@ class RouteResolver:
         ``max_model_len``, llama.cpp's ``n_ctx``), kept as discovery keeps its answer."""
         if tokens > 0:
             self._remember((route.provider, route.model), (Capacity(tokens, "provider"), time.monotonic()))
+
+    def _window(self, key: tuple[str, str]) -> Capacity | None:
+        """The window discovered for ``key``: a known one is kept, "unknown" only until it is asked
+        again (the provider's server may come up)."""
+        cached = self._windows.get(key)
+        if cached is None or (not cached[0].known and time.monotonic() >= cached[1]):
+            return None
+        self._windows.move_to_end(key)
+        return cached[0]
 
     def _remember(self, key: tuple[str, str], answer: tuple[Capacity, float]) -> None:
         self._windows[key] = answer
