@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from server.history.messages import ChatMessage, Image
 from server.routing.anchor import Anchor, next_anchor
-from server.routing.content import content_kind, text_kind
+from server.routing.content import CJK_SHARE, DENSE_SHARE, SAMPLE_CHARS, content_kind, text_kind
 from server.routing.meter import Reading
 from server.routing.resolver import Capacity, Route
 from tests.fakes import Call, FakeProvider, Reply
@@ -42,6 +44,33 @@ ANSWER = ("It is evening in Tokyo, where the lights of the city come on, early m
 ])
 def test_text_kinds(text: str, kind: str) -> None:
     assert text_kind(text) == kind
+
+
+def plain_text_kind(text: str) -> str:
+    """``text_kind`` by its definition, a character at a time (the server counts in C)."""
+    sample = text[:SAMPLE_CHARS]
+    head, tail = sample.lstrip()[:1], text.rstrip()[-1:]
+    if (head, tail) in (("{", "}"), ("[", "]")):
+        return "json"
+    visible = [c for c in sample if not c.isspace()]
+    if not visible:
+        return "prose"
+    if sum(1 for c in visible if "\u3000" <= c <= "\u9fff" or "\uac00" <= c <= "\ud7af"
+           or "\uff00" <= c <= "\uffef") >= CJK_SHARE * len(visible):
+        return "cjk"
+    letters = sum(1 for c in visible if c.isalnum() and not c.isdecimal())
+    return "dense" if len(visible) - letters >= DENSE_SHARE * len(visible) else "prose"
+
+
+MIXED = ("abz AZ\n\t\x1c\u2003\xa0{}[]\",:<>/=()0129_-.;'"
+         "\u2014\u2019\u201c\xe9\u01c5\xb2\xbd\u2163\u4e2d\u6587\ud55c\uff01")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=MIXED, max_size=300) | st.text(max_size=300)
+       | st.text(alphabet=MIXED, min_size=SAMPLE_CHARS - 20, max_size=SAMPLE_CHARS + 20))
+def test_text_kind_counts_as_its_definition(text: str) -> None:
+    assert text_kind(text) == plain_text_kind(text)
 
 
 def test_content_kind_is_what_follows_the_last_reply() -> None:

@@ -20,10 +20,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from server.history.messages import ChatMessage, Image
 from server.routing.anchor import Anchor
-from server.routing.content import BYTES, GROUPED, SINGLE, WORDS, Vocabulary, piece_costs, piece_density
+from server.routing.content import (
+    _PIECE,
+    _WORD,
+    BYTES,
+    GROUPED,
+    MIN_DENSITY_BYTES,
+    SAMPLE_CHARS,
+    SINGLE,
+    WORDS,
+    Density,
+    Vocabulary,
+    piece_costs,
+    piece_density,
+)
 from server.routing.meter import Meter, Reading
 from server.routing.resolver import Capacity, Route, RouteResolver
 from tests.fakes import Call, FakeProvider, Reply
@@ -107,6 +122,33 @@ def test_a_vocabulary_cuts_words_or_bytes_only_when_every_kind_says_so() -> None
     for name, count in VOCABULARIES.items():
         assert told(count, code, PROSE, SAMPLES["json"]).cut in (GROUPED, SINGLE), name
         assert told(count, *SAMPLES.values()).cut in (GROUPED, SINGLE), name
+
+
+def plain_piece_density(texts: list[str]) -> Density | None:
+    """``piece_density`` by its definition, a piece at a time (the server counts in C)."""
+    pieces = grouped = single = words = size = 0
+    for text in texts:
+        sample = text[:SAMPLE_CHARS]
+        for match in _PIECE.finditer(sample):
+            run = match.group()
+            if run.isdecimal():
+                grouped, single = grouped + -(-len(run) // 3), single + len(run)
+            else:
+                pieces += 1
+        words += len(_WORD.findall(sample))
+        size += len(sample.encode("utf-8"))
+    if size < MIN_DENSITY_BYTES or not pieces + grouped or not words:
+        return None
+    return Density(((pieces + grouped) / (size / 4), (pieces + single) / (size / 4), words / (size / 4), 1.0))
+
+
+PIECES = "abz AZ\n\t  {}[]\",:<>/=()0123456789_-'st\u2014\xe9\xb2\u4e2d\ud55c"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(alphabet=PIECES, max_size=400) | st.text(max_size=200), max_size=3))
+def test_piece_density_counts_as_its_definition(texts: list[str]) -> None:
+    assert piece_density(texts) == plain_piece_density(texts)
 
 
 def test_a_short_text_says_nothing_of_its_pieces() -> None:
