@@ -16,7 +16,7 @@ import pytest
 from server.errors import ConfigError, SessionExists, UnknownSession
 from server.history.messages import ChatMessage, Image, ToolCall
 from server.store.backends import open_store
-from server.store.base import CallRecord, Store, StoredSession, message_to_data
+from server.store.base import CallRecord, Clock, Store, StoredSession, message_to_data
 from server.store.migrations import MIGRATIONS
 from server.store.sqlite import FILE_NAME
 
@@ -216,6 +216,25 @@ async def test_store_saves_messages_and_their_calls_in_one_write(store: Store, b
     with pytest.raises(UnknownSession):  # nothing of a refused write is kept
         await store.save_messages("ghost", [ChatMessage("user", "x")], [call])
     assert backend.count("SELECT COUNT(*) FROM calls") == 3
+
+
+async def test_store_touches_a_session_once_for_a_reply_and_its_calls(store: Store) -> None:
+    # One touch per write: the reply and its calls share it (on PostgreSQL a round trip less).
+    await store.create_session("s", title="t", route="r")
+    touches = []
+
+    class CountingClock(Clock):
+        def now(self) -> str:
+            touches.append(1)
+            return super().now()
+
+    store._clock = CountingClock()  # type: ignore[attr-defined]  # each touch reads the clock once
+    await store.save_messages("s", [ChatMessage("assistant", "a", id="a1")],
+                              [CallRecord("t1", "demo", "m", "default", 3, 1, "provider")])
+    assert len(touches) == 1
+    session = await store.get_session("s")
+    listed = [item for item in await store.list_sessions() if item.id == "s"]
+    assert session is not None and session.calls[0].created_at == listed[0].updated_at
 
 
 async def test_store_delete_cascades_to_messages_and_calls(store: Store, backend: Backend) -> None:

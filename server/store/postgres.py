@@ -217,10 +217,11 @@ class PostgresStore(PostgresUsers):
                             calls: Sequence[CallRecord] = ()) -> None:
         documents = [_document(message) for message in messages]
         async with self._transaction() as conn:
+            touched = None
             if documents or not calls:
-                await self._put(conn, session_id, documents, _UPSERT)
+                touched = await self._put(conn, session_id, documents, _UPSERT)
             if calls:
-                await self._put_calls(conn, session_id, calls)
+                await self._put_calls(conn, session_id, calls, touched)
 
     async def save_batch(self, batch: Mapping[str, Sequence[ChatMessage]]) -> None:
         work = [(session_id, [_document(message) for message in messages])
@@ -232,13 +233,16 @@ class PostgresStore(PostgresUsers):
                 except UnknownSession:  # deleted while it streamed; its UPDATE matched nothing
                     continue
 
-    async def _put(self, conn: Conn, session_id: str, documents: list[tuple[str, Json]], sql: str) -> None:
-        await self._touch(conn, session_id)
+    async def _put(self, conn: Conn, session_id: str, documents: list[tuple[str, Json]], sql: str) -> str:
+        """Write ``documents`` at the session's end (an upsert keeps a known id's place); the time
+        the session was touched."""
+        now = await self._touch(conn, session_id)
         position = await self._next_position(conn, session_id)
         # An upsert of a known id keeps its position, so the unused numbers leave gaps; harmless.
         async with conn.cursor() as cursor:
             await cursor.executemany(sql, [(session_id, message_id, position + offset, data)
                                            for offset, (message_id, data) in enumerate(documents)])
+        return now
 
     async def _next_position(self, conn: Conn, session_id: str) -> float:
         row = await (await conn.execute("SELECT MAX(position) FROM messages WHERE session_id = %s",
@@ -277,8 +281,11 @@ class PostgresStore(PostgresUsers):
         async with self._transaction() as conn:
             await self._put_calls(conn, session_id, [call])
 
-    async def _put_calls(self, conn: Conn, session_id: str, calls: Sequence[CallRecord]) -> None:
-        now = await self._touch(conn, session_id)
+    async def _put_calls(self, conn: Conn, session_id: str, calls: Sequence[CallRecord],
+                         touched: str | None = None) -> None:
+        """Record ``calls``; ``touched``: the session was touched in this transaction already (a
+        round trip saved per reply)."""
+        now = touched or await self._touch(conn, session_id)
         async with conn.cursor() as cursor:
             await cursor.executemany(_INSERT_CALL, [(session_id, *_call_row(call, now)) for call in calls])
 

@@ -250,10 +250,9 @@ class SqliteStore(SqliteUsers):
         await self._call(self._write, self._put_final, session_id, rows, calls)
 
     def _put_final(self, session_id: str, rows: list[Row], calls: Sequence[CallRecord] = ()) -> None:
-        if rows or not calls:
-            self._put_rows(session_id, rows, _UPSERT)
+        touched = self._put_rows(session_id, rows, _UPSERT) if rows or not calls else None
         if calls:
-            self._put_calls(session_id, calls)
+            self._put_calls(session_id, calls, touched)
         # The index trigger skips interrupted rows (the checkpoints of a streaming reply, written by
         # save_batch); a message saved interrupted for good is indexed here (migration 6).
         for row in rows:
@@ -272,12 +271,13 @@ class SqliteStore(SqliteUsers):
             except UnknownSession:  # deleted while it streamed; nothing of it was written
                 continue
 
-    def _put_rows(self, session_id: str, rows: list[Row], sql: str) -> None:
-        self._touch(session_id)
+    def _put_rows(self, session_id: str, rows: list[Row], sql: str) -> str:
+        now = self._touch(session_id)
         position = self._next_position(session_id)
         # An upsert of a known id keeps its position, so the unused numbers leave gaps; harmless.
         for offset, row in enumerate(rows):
             self._conn.execute(sql, (session_id, row[0], position + offset, *row[1:]))
+        return now
 
     async def insert_message(self, session_id: str, index: int, message: ChatMessage) -> None:
         """Place ``message`` so it becomes the ``index``-th (clamped to the ends) of the session."""
@@ -310,8 +310,8 @@ class SqliteStore(SqliteUsers):
     async def record_call(self, session_id: str, call: CallRecord) -> None:
         await self._call(self._write, self._put_calls, session_id, [call])
 
-    def _put_calls(self, session_id: str, calls: Sequence[CallRecord]) -> None:
-        now = self._touch(session_id)
+    def _put_calls(self, session_id: str, calls: Sequence[CallRecord], touched: str | None = None) -> None:
+        now = touched or self._touch(session_id)  # touched: in this transaction already
         self._conn.executemany(
             f"INSERT INTO calls (session_id, {', '.join(CALL_FIELDS)}) "
             f"VALUES ({', '.join('?' * (len(CALL_FIELDS) + 1))})",
