@@ -63,7 +63,7 @@ def plain_text_kind(text: str) -> str:
 
 
 MIXED = ("abz AZ\n\t\x1c\u2003\xa0{}[]\",:<>/=()0129_-.;'"
-         "\u2014\u2019\u201c\xe9\u01c5\xb2\xbd\u2163\u4e2d\u6587\ud55c\uff01")
+         "\u2014\u2019\u201c\xe9\u01c5\xb2\xbd\u2163\u4e2d\u6587\ud55c\uff01\ud800")
 
 
 @settings(max_examples=200, deadline=None)

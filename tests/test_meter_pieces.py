@@ -136,13 +136,13 @@ def plain_piece_density(texts: list[str]) -> Density | None:
             else:
                 pieces += 1
         words += len(_WORD.findall(sample))
-        size += len(sample.encode("utf-8"))
+        size += len(sample.encode("utf-8", "surrogatepass"))
     if size < MIN_DENSITY_BYTES or not pieces + grouped or not words:
         return None
     return Density(((pieces + grouped) / (size / 4), (pieces + single) / (size / 4), words / (size / 4), 1.0))
 
 
-PIECES = "abz AZ\n\t  {}[]\",:<>/=()0123456789_-'st\u2014\xe9\xb2\u4e2d\ud55c"
+PIECES = "abz AZ\n\t  {}[]\",:<>/=()0123456789_-'st\u2014\xe9\xb2\u4e2d\ud55c\ud800"
 
 
 @settings(max_examples=200, deadline=None)

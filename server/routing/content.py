@@ -69,8 +69,9 @@ def _letters_and_cjk(sample: str) -> tuple[int, int]:
     ``é``, ``中``, also ``²``) and how many are CJK. Counted in C, never a character at a time in
     Python (once per reply, it was 4 % of the server's CPU at 500 streams): the ASCII characters by a
     byte table, the few others by regular expressions."""
-    data = sample.encode("utf-8")
-    others = data.translate(None, _ASCII).decode("utf-8")  # the non-ASCII characters, in order
+    # surrogatepass: a lone surrogate (a tool's JSON may carry one) is a character like any other.
+    data = sample.encode("utf-8", "surrogatepass")
+    others = data.translate(None, _ASCII).decode("utf-8", "surrogatepass")  # the non-ASCII ones, in order
     letters = len(data) - len(data.translate(None, _ASCII_LETTERS)) + _run_length(_LETTERS, others)
     return letters, _run_length(_CJK_RUNS, others)
 
@@ -156,7 +157,7 @@ def piece_density(texts: Sequence[str]) -> Density | None:
         grouped += sum(-(-run // 3) for run in runs)
         single += sum(runs)
         words += len(_WORD.findall(sample))
-        size += len(sample.encode("utf-8"))
+        size += len(sample.encode("utf-8", "surrogatepass"))
     if size < MIN_DENSITY_BYTES or not pieces + grouped or not words:
         return None
     raw = size / 4
