@@ -3,10 +3,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import uuid
+from typing import Any
 
 import httpx
 import pytest
 
+import server.web.app as app_module
 from tests.support import client, of_type, serve, settings_for, slow_settings, text_of
 
 pytestmark = pytest.mark.anyio
@@ -294,3 +296,34 @@ async def test_message_id_of_a_stored_reply_is_a_bad_frame_and_the_connection_go
         assert taken in error["message"]
         assert (await c.say("still here"))[-1]["type"] == "done"
 
+
+
+async def test_a_new_sessions_first_message_stores_it_titled_in_one_write(tmp_path, monkeypatch):
+    # The session is created with the title its first message gives it, not created and renamed:
+    # a write less before the first turn of every new chat.
+    writes: list[str] = []
+    open_store = app_module.open_store
+
+    def counted_store(*args: Any) -> Any:
+        store = open_store(*args)
+        for name in ("create_session", "rename_session"):
+            write = getattr(store, name)
+
+            async def counted(*a: Any, _write: Any = write, _name: str = name, **k: Any) -> Any:
+                writes.append(_name)
+                return await _write(*a, **k)
+            setattr(store, name, counted)
+        return store
+
+    monkeypatch.setattr(app_module, "open_store", counted_store)
+    with serve(settings_for(tmp_path)) as address:
+        async with client(address) as c:
+            await c.hello()
+            frames = await c.say("a first   question\nabout lighthouses")
+            second = await c.say("and a second one")
+        async with httpx.AsyncClient(base_url=f"http://{address}") as http:
+            listed = (await http.get("/api/sessions")).json()
+    assert [f["title"] for f in of_type(frames, "title")] == ["a first question about lighthouses"]
+    assert not of_type(second, "title")
+    assert writes == ["create_session"]
+    assert [(s["id"], s["title"]) for s in listed] == [(c.session_id, "a first question about lighthouses")]

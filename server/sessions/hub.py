@@ -43,6 +43,12 @@ from server.sessions.views import history_frame, history_page_frame, image_urls,
 log = logging.getLogger(__name__)
 
 MODEL_COMMAND = "/model"
+TITLE_CHARS = 60  # of the first message, as the session's title
+
+
+def first_title(text: str) -> str:
+    """A session's title from its first message: the text on one line, cut at 60 characters."""
+    return " ".join(text.split())[:TITLE_CHARS]
 
 
 class SessionHub:
@@ -238,6 +244,7 @@ class SessionHub:
         # Claim the session before the first await: two tabs sending at once start one turn.
         handle = session.turn = TurnHandle(turn_id, anyio.CancelScope())
         hold: Hold | None = None
+        untitled = session.title == DEFAULT_TITLE
         try:
             hold = await self.instances.claim(session, turn_id)
             route, text = await self._accept(session, message_id, content, images, turn_id, replaces)
@@ -247,7 +254,8 @@ class SessionHub:
                 with anyio.CancelScope(shield=True):
                     await hold.release()
             raise
-        await self._maybe_title(session, text)
+        if untitled and text.strip():  # the first message names the session
+            await self._retitle(session, first_title(text))
         turn = Turn(self.rt, session, turn_id, route, self.compaction)
         turn.let_go = hold.release
         if hold is not SOLE_HOLD:  # one process: the session's turn is the whole hold
@@ -264,7 +272,7 @@ class SessionHub:
             await replaces.set_aside(session, text)
         user = ChatMessage("user", text, images=images or None, turn_id=turn_id, id=message_id,
                            created_at=utc_now(), replaces=replaces.turn_id if replaces else None)
-        await self.cache.store_new(session)
+        await self._store_new(session, text)
         session.add(user)
         if session.writes is not None:  # until the turn's first chunk is out (Turn.call releases them)
             session.writes.hold()
@@ -289,12 +297,22 @@ class SessionHub:
         frame.pop("trim_preview", None)  # the ledger's preview is of the history before the edit
         return frame
 
-    async def _maybe_title(self, session: Session, text: str) -> None:
-        if session.title != DEFAULT_TITLE or not text.strip():
+    async def _store_new(self, session: Session, text: str) -> None:
+        """Store a session not stored yet, titled by its first message: one write, not two."""
+        if session.stored or session.title != DEFAULT_TITLE or not text.strip():
+            await self.cache.store_new(session)
             return
-        title = " ".join(text.split())[:60]
-        session.title = title
-        await self.rt.store.rename_session(session.id, title)
+        session.title = first_title(text)
+        try:
+            await self.cache.store_new(session)
+        except BaseException:
+            session.title = DEFAULT_TITLE  # not stored: the next message titles it again
+            raise
+
+    async def _retitle(self, session: Session, title: str) -> None:
+        if session.title != title:  # stored already (with another instance), so renamed here
+            session.title = title
+            await self.rt.store.rename_session(session.id, title)
         session.emit(server_frame("title", title=title))
 
     async def _run_turn(self, session: Session, turn: Turn, handle: TurnHandle, hold: Hold) -> None:
