@@ -126,7 +126,7 @@ async def test_limits_route_caches_stay_bounded_however_many_models_a_client_nam
         route = resolver.parse(f"local/m{n}")  # an unlisted model is accepted while discovery is on
         await resolver.capacity(route)
         resolver.calibration.observe(route, 100, 120)
-    assert len(resolver._windows) == 16 and not resolver._locks
+    assert len(resolver._windows) == 16 and not len(resolver._discovering)
     assert len(resolver.calibration) == 16
     assert (await resolver.capacity(resolver.parse("local/m499"))).source is None  # still cached
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from server.history.messages import ChatMessage, Image
@@ -58,17 +58,19 @@ def plain_text_kind(text: str) -> str:
     if sum(1 for c in visible if "\u3000" <= c <= "\u9fff" or "\uac00" <= c <= "\ud7af"
            or "\uff00" <= c <= "\uffef") >= CJK_SHARE * len(visible):
         return "cjk"
-    letters = sum(1 for c in visible if c.isalnum() and not c.isdecimal())
+    letters = sum(1 for c in visible if c.isalpha())
     return "dense" if len(visible) - letters >= DENSE_SHARE * len(visible) else "prose"
 
 
 MIXED = ("abz AZ\n\t\x1c\u2003\xa0{}[]\",:<>/=()0129_-.;'"
-         "\u2014\u2019\u201c\xe9\u01c5\xb2\xbd\u2163\u4e2d\u6587\ud55c\uff01\ud800")
+         "\u2014\u2019\u201c\xe9\u01c5\xb2\xbd\u2163\u2460\u4e2d\u6587\ud55c\uff01\uff11\u3000\ud800")
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.text(alphabet=MIXED, max_size=300) | st.text(max_size=300)
        | st.text(alphabet=MIXED, min_size=SAMPLE_CHARS - 20, max_size=SAMPLE_CHARS + 20))
+@example("ab" + "\u3000" * 5 + "cdefgh")  # an ideographic space is a space, not CJK
+@example("x\xb2 \xbd \u2460 " * 20)  # numerals that are not letters
 def test_text_kind_counts_as_its_definition(text: str) -> None:
     assert text_kind(text) == plain_text_kind(text)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from server.history.messages import ChatMessage, Image
@@ -142,11 +142,13 @@ def plain_piece_density(texts: list[str]) -> Density | None:
     return Density(((pieces + grouped) / (size / 4), (pieces + single) / (size / 4), words / (size / 4), 1.0))
 
 
-PIECES = "abz AZ\n\t  {}[]\",:<>/=()0123456789_-'st\u2014\xe9\xb2\u4e2d\ud55c\ud800"
+PIECES = "abz AZ\n\t  {}[]\",:<>/=()0123456789_-'st\u2014\xe9\xb2\u4e2d\ud55c\uff10\uff15\ud800"
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.text(alphabet=PIECES, max_size=400) | st.text(max_size=200), max_size=3))
+@example(["\u4fa1\u683c\uff11\uff12\uff13\uff14\uff15\uff16\u5186\u3002" * 6])  # full-width digits
+@example(["x\xb2abc \xbd 12345 it's {\"a\": [1, 2]}\n  y" * 4])
 def test_piece_density_counts_as_its_definition(texts: list[str]) -> None:
     assert piece_density(texts) == plain_piece_density(texts)
 

@@ -90,4 +90,4 @@ async def test_session_cache_one_session_opened_twice_at_once_is_read_once(tmp_p
         await slow.reading.wait()
         slow.release.set()
     assert slow.reads == [slow_id] and len(opened) == 2 and opened[0] is opened[1]
-    assert not cache._opening._locks  # nothing kept once nobody opens
+    assert not len(cache._opening)  # nothing kept once nobody opens

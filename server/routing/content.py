@@ -38,9 +38,10 @@ _CJK = "\u3000-\u9fff\uac00-\ud7af\uff00-\uffef"
 _PIECE = re.compile(rf"'(?:s|t|re|ve|m|ll|d)\b|[{_CJK}]|[^\W\d_{_CJK}]+|\d+|_|\n\s*"
                     rf"|[\[\]{{}}\",:<>/=()]{{1,3}}|[^\w\s]")
 _WORD = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+|[^\w\s]")  # the words cut: letters and digits joined, marks alone
-_DIGITS = re.compile(r"\d+")
-_LETTERS = re.compile(r"[^\W\d_]+")
-_CJK_RUNS = re.compile(rf"[{_CJK}]+")
+# _PIECE's digit runs: full-width digits are in the CJK range, so _PIECE takes them one by one.
+_DIGITS = re.compile(rf"[^\D{_CJK}]+")
+_LETTERS = re.compile(r"[^\W\d_]+")  # alphanumeric but not a decimal digit: letters, and ² or ½
+_CJK_RUNS = re.compile(r"[\u3001-\u9fff\uac00-\ud7af\uff00-\uffef]+")  # _CJK less U+3000, a space
 _ASCII = bytes(range(128))
 _ASCII_LETTERS = bytes(c for c in range(128) if chr(c).isalpha())
 MIN_DENSITY_BYTES = 64  # a shorter text says too little about its pieces
@@ -65,19 +66,16 @@ def text_kind(text: str) -> str:
 
 
 def _letters_and_cjk(sample: str) -> tuple[int, int]:
-    """How many characters of ``sample`` are letters (alphanumeric but not a decimal digit: ``a``,
-    ``é``, ``中``, also ``²``) and how many are CJK. Counted in C, never a character at a time in
-    Python (once per reply, it was 4 % of the server's CPU at 500 streams): the ASCII characters by a
-    byte table, the few others by regular expressions."""
+    """How many characters of ``sample`` are letters (``str.isalpha``) and how many are visible CJK.
+    Counted in C, never a character at a time in Python (once per reply, it was 4 % of the server's
+    CPU at 500 streams): the ASCII characters by a byte table, the few others by regular expressions."""
     # surrogatepass: a lone surrogate (a tool's JSON may carry one) is a character like any other.
     data = sample.encode("utf-8", "surrogatepass")
     others = data.translate(None, _ASCII).decode("utf-8", "surrogatepass")  # the non-ASCII ones, in order
-    letters = len(data) - len(data.translate(None, _ASCII_LETTERS)) + _run_length(_LETTERS, others)
-    return letters, _run_length(_CJK_RUNS, others)
-
-
-def _run_length(runs: re.Pattern[str], text: str) -> int:
-    return sum(map(len, runs.findall(text)))
+    near = "".join(_LETTERS.findall(others))  # the letters, and the rare ² or ½ that is not one
+    letters = len(data) - len(data.translate(None, _ASCII_LETTERS))
+    letters += len(near) if near.isalpha() else sum(map(str.isalpha, near))
+    return letters, sum(map(len, _CJK_RUNS.findall(others)))
 
 
 def message_kind(message: ChatMessage) -> str:

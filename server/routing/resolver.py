@@ -38,11 +38,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-import anyio
-
 from server.config.settings import ProviderProfile, Settings
 from server.errors import ConfigError, UnknownRoute
 from server.history.budget import effective_context_budget
+from server.locks import KeyedLock
 from server.providers.base import Provider
 from server.routing.calibration import Calibrations
 from server.routing.classifier import Classifier
@@ -130,7 +129,7 @@ class RouteResolver:
         self.calibration = Calibrations(limit=self.cache_entries)
         self._hints = self._resolve_hints()
         self._windows: OrderedDict[tuple[str, str], tuple[Capacity, float]] = OrderedDict()  # answer, retry
-        self._locks: dict[tuple[str, str], anyio.Lock] = {}
+        self._discovering = KeyedLock()  # a route's window asked of its provider once at a time
         self._learned: dict[tuple[str, str], int] = {}  # windows named by overflow errors
         self._memory: WindowMemory | None = None
         self._recalled = False
@@ -251,17 +250,12 @@ class RouteResolver:
         window = self._window(key)
         if window is not None:  # most turns: no lock (a lock handed over costs a loop iteration each)
             return window
-        lock = self._locks.setdefault(key, anyio.Lock(fast_acquire=True))
-        try:
-            async with lock:  # concurrent turns on one route ask the provider once
-                window = self._window(key)
-                if window is None:
-                    window = await self._discover(route)
-                    self._remember(key, (window, time.monotonic() + UNKNOWN_RETRY_SECONDS))
-                return window
-        finally:
-            if not lock.locked() and not lock.statistics().tasks_waiting:
-                self._locks.pop(key, None)  # a lock lives while a discovery of its route does
+        async with self._discovering.hold(key):  # concurrent turns on one route ask the provider once
+            window = self._window(key)
+            if window is None:
+                window = await self._discover(route)
+                self._remember(key, (window, time.monotonic() + UNKNOWN_RETRY_SECONDS))
+            return window
 
     def discovered(self, route: Route, tokens: int) -> None:
         """A window the provider named outside discovery (a count endpoint's answer: vLLM's

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
-import anyio
 
 from server.errors import UnknownSession
 from server.history.messages import ChatMessage
+from server.locks import KeyedLock
 from server.protocol import echo
 from server.routing.resolver import Route
 from server.sessions.channel import FrameChannel
@@ -41,35 +38,15 @@ def new_session_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-class KeyedLock:
-    """A lock per key, kept only while a task holds or awaits it. Opening one session (a store
-    read) must not hold up opening others: under load every hand-over of a single shared lock
-    cost a loop iteration, and 500 sessions opened in 2 s waited up to 8 s for it."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, tuple[anyio.Lock, int]] = {}
-
-    @asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[None]:
-        # fast_acquire: a lock nobody holds is taken without yielding to the loop.
-        lock, users = self._locks.get(key) or (anyio.Lock(fast_acquire=True), 0)
-        self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks.pop(key)
-            if users > 1:
-                self._locks[key] = (lock, users - 1)
-
-
 class SessionCache:
     def __init__(self, rt: Runtime, instances: Instances) -> None:
         self.rt = rt
         self.instances = instances
         self.sessions: dict[str, Session] = {}
         self.restores = Restores(rt, instances)
-        self._opening = KeyedLock()  # one load of a session at a time; other sessions open meanwhile
+        # One open of a given id at a time (a second one finds it cached); other ids, and new
+        # sessions, never wait for it: a slow store read of one session holds up no one else.
+        self._opening = KeyedLock()
 
     async def open(self, session_id: str | None, owner: str | None = None) -> Session:
         """The session ``session_id`` names (cached, or from the store), or a new one. With an
