@@ -106,6 +106,27 @@ def test_accept_close_stops_accepting_and_closes_the_socket():
     uvloop.run(main())
 
 
+def test_accept_connections_taken_before_close_reach_their_protocol():
+    # A shutdown closes the acceptor, waits for what it took (opened), then tells every connection
+    # to end: none may reach uvicorn after that.
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        made: list[asyncio.BaseTransport] = []
+        listening = socket.create_server(("127.0.0.1", 0))
+        acceptor = BatchAcceptor(loop, listening, lambda: Opened(made))
+        listening.close()
+        with clients(acceptor.sock.getsockname()[1], 3):
+            acceptor._ready()  # what the loop calls when the socket is readable
+            acceptor.close()
+            assert not made  # accepted, their protocols not made yet
+            await acceptor.opened()
+            assert len(made) == 3
+        for transport in made:
+            transport.close()
+
+    uvloop.run(main())
+
+
 def test_accept_out_of_descriptors_pauses_and_resumes(monkeypatch, caplog):
     # EMFILE leaves the connection queued and the socket readable: accepting must pause rather
     # than spin on it, and take the connection once descriptors are free again.
@@ -122,7 +143,9 @@ def test_accept_out_of_descriptors_pauses_and_resumes(monkeypatch, caplog):
         port = acceptor.sock.getsockname()[1]
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         with clients(port, 3):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) - 1, hard))
+            lowest_free = os.dup(0)  # descriptors may have gaps: a limit at the lowest free one leaves none
+            os.close(lowest_free)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
             try:
                 acceptor._ready()  # what the loop calls when the socket is readable
             finally:

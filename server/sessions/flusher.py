@@ -37,8 +37,8 @@ class Flusher:
         self._pending: dict[str, dict[str, ChatMessage]] = {}  # session id -> message id -> message
         # The batch being written. An event, not a lock: when hundreds of replies end together,
         # every settle waits for the same batch and all go on at once (a lock handed over one
-        # waiter per loop iteration); and it is set the moment the batch is taken, with no yield
-        # between, so no settle can slip in before the write it must wait for.
+        # waiter per loop iteration). It is installed the moment the batch is taken, with no yield
+        # between, so no settle can slip in before the write it must wait for; set when it ends.
         self._flight: anyio.Event | None = None
         self._running = False
         self.batches = 0  # transactions written (benches and tests read it)

@@ -11,7 +11,8 @@ load bench's opens").
 accepts up to ``BATCH`` connections per wake-up itself, handing each to
 ``loop.connect_accepted_socket`` with uvicorn's protocol factory. Connections are still uvicorn's:
 its protocol tracks them, bounds them (``limit_concurrency``) and shuts them down; only the accept
-is ours. ``close`` stops accepting, as closing uvicorn's server would.
+is ours. ``close`` stops accepting, as closing uvicorn's server would; ``opened`` waits for the
+connections accepted before it to reach uvicorn, which then shuts them down with the rest.
 """
 
 from __future__ import annotations
@@ -87,6 +88,15 @@ class BatchAcceptor:
         except OSError as exc:  # the client went away between accept and the transport's start
             log.debug("an accepted connection closed before it opened: %s", exc)
             conn.close()
+        except Exception:  # a bug must cost one connection, never the acceptor
+            log.exception("an accepted connection could not be opened")
+            conn.close()
+
+    async def opened(self) -> None:
+        """Wait until every connection accepted so far has its protocol (after ``close``: so a
+        shutdown that tells each connection to end reaches all of them)."""
+        if self.opening:
+            await asyncio.gather(*self.opening, return_exceptions=True)
 
     def _pause(self, exc: OSError) -> None:
         if exc.errno not in EXHAUSTED:

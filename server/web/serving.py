@@ -10,8 +10,8 @@ Every log line passes ``RedactLogs`` on its way out: libraries log what they wer
 each request's URL, ``user:pass@`` included), and the log must hold no credential or provider key.
 
 On SIGTERM ``DrainingServer`` first awaits the app's ``state.drain`` (set by its lifespan: end the
-``/events`` streams, stop and store every streaming reply), then lets uvicorn close the sockets
-(1012 for WebSockets) with what is left of ``shutdown_grace_seconds``.
+``/events`` streams, stop and store every streaming reply), then stops accepting and lets uvicorn
+close the connections (1012 for WebSockets) with what is left of ``shutdown_grace_seconds``.
 
 Before it starts it also settles the heap (``settle_heap``): what start-up built (modules,
 settings, the app) is moved out of the cyclic collector's reach and the youngest generation is collected
@@ -19,8 +19,8 @@ less often. Measured (docs/performance.md, "Per-chunk work"): at 300 streaming s
 collector took a tenth of the server's CPU and its full passes over about 250,000 objects paused
 the loop for 0.2-0.3 s each; nearly nothing it found was garbage (replies are acyclic).
 
-Under uvloop it then takes over uvicorn's listening sockets (``server.web.accept``), so a burst of
-connections is accepted at the next wake-up rather than one per loop iteration.
+Under uvloop (and without TLS) it then takes over uvicorn's listening sockets (``server.web.accept``),
+so a burst of connections is accepted at the next wake-up rather than one per loop iteration.
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ class DrainingServer(uvicorn.Server):
         settle_heap()  # the app is built and every module imported; the lifespan's services are not
         await super().startup(sockets)
         loop = asyncio.get_running_loop()
-        if self.started and accepts_one_per_wakeup(loop):
+        if self.started and accepts_one_per_wakeup(loop) and not self.config.ssl:  # TLS: uvloop's own
             self.acceptors = [acceptor for server in self.servers
                               for acceptor in take_over(loop, server, self._new_protocol)]
 
@@ -241,6 +241,8 @@ class DrainingServer(uvicorn.Server):
             await drain(grace)
         for acceptor in self.acceptors:  # where uvicorn stops accepting: the start of its shutdown
             acceptor.close()
+        for acceptor in self.acceptors:
+            await acceptor.opened()
         left = grace - (time.monotonic() - started)
         # uvicorn's setting is whole seconds: round up, so the grace is never cut short.
         self.config.timeout_graceful_shutdown = math.ceil(max(MIN_CLOSE_SECONDS, left))
