@@ -33,7 +33,8 @@ from server.history.messages import TOOL_RESULTS_PREFIX, ChatMessage
 SAMPLE_CHARS = 4096
 CJK_SHARE = 0.3  # of a text's characters: CJK script (a token a character or more, 3 UTF-8 bytes)
 DENSE_SHARE = 0.2  # of its non-space characters, neither letters nor CJK: JSON, code, tables, numbers
-_CJK = "\u3000-\u9fff\uac00-\ud7af\uff00-\uffef"
+_CJK_VISIBLE = "\u3001-\u9fff\uac00-\ud7af\uff00-\uffef"
+_CJK = "\u3000" + _CJK_VISIBLE  # with U+3000, the ideographic space
 # Brackets, quotes and the marks around them merge in runs (``[{"``, ``"],``, ``</``, ``="``).
 _PIECE = re.compile(rf"'(?:s|t|re|ve|m|ll|d)\b|[{_CJK}]|[^\W\d_{_CJK}]+|\d+|_|\n\s*"
                     rf"|[\[\]{{}}\",:<>/=()]{{1,3}}|[^\w\s]")
@@ -41,7 +42,7 @@ _WORD = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+|[^\w\s]")  # the words cut: letters 
 # _PIECE's digit runs: full-width digits are in the CJK range, so _PIECE takes them one by one.
 _DIGITS = re.compile(rf"[^\D{_CJK}]+")
 _LETTERS = re.compile(r"[^\W\d_]+")  # alphanumeric but not a decimal digit: letters, and ² or ½
-_CJK_RUNS = re.compile(r"[\u3001-\u9fff\uac00-\ud7af\uff00-\uffef]+")  # _CJK less U+3000, a space
+_CJK_RUNS = re.compile(rf"[{_CJK_VISIBLE}]+")
 _ASCII = bytes(range(128))
 _ASCII_LETTERS = bytes(c for c in range(128) if chr(c).isalpha())
 MIN_DENSITY_BYTES = 64  # a shorter text says too little about its pieces
