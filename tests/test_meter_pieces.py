@@ -36,6 +36,8 @@ from server.routing.content import (
     WORDS,
     Density,
     Vocabulary,
+    _counted,
+    _matched,
     piece_costs,
     piece_density,
 )
@@ -142,15 +144,31 @@ def plain_piece_density(texts: list[str]) -> Density | None:
     return Density(((pieces + grouped) / (size / 4), (pieces + single) / (size / 4), words / (size / 4), 1.0))
 
 
-PIECES = "abz AZ\n\t  {}[]\",:<>/=()0123456789_-'st\u2014\xe9\xb2\u4e2d\ud55c\uff10\uff15\ud800"
+# Each class of character _counted tells apart, and the white space and numerals at their edges: the
+# separators \x1c-\x1f, NEL, no-break space and U+2028 are white space to _PIECE, ² and ½ letters, ٣ a digit.
+PIECES = ("abz AZ\n\t\r\x1c\x85\xa0\u2028  {}[]\",:<>/=()0123456789\u0663_-'st\u2014\u2019\xe9\xb2\xbd"
+          "\u4e2d\ud55c\u3000\uff10\uff15\ud800\x00\x7f\U0001f600")
+CONTRACTIONS = st.sampled_from(["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'st"])
+MIXED = st.lists(st.text(alphabet=PIECES, max_size=8) | CONTRACTIONS, max_size=60).map("".join)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.text(alphabet=PIECES, max_size=400) | st.text(max_size=200), max_size=3))
+@given(st.lists(st.text(alphabet=PIECES, max_size=400) | MIXED | st.text(max_size=200), max_size=3))
 @example(["\u4fa1\u683c\uff11\uff12\uff13\uff14\uff15\uff16\u5186\u3002" * 6])  # full-width digits
 @example(["x\xb2abc \xbd 12345 it's {\"a\": [1, 2]}\n  y" * 4])
 def test_piece_density_counts_as_its_definition(texts: list[str]) -> None:
     assert piece_density(texts) == plain_piece_density(texts)
+
+
+@settings(max_examples=500, deadline=None)
+@given((MIXED | st.text(alphabet=PIECES, max_size=300) | st.text(max_size=100))
+       .map(lambda text: text.replace("\u3000", " ")))  # piece_density matches a text with U+3000
+@example("40\uff10 1\uff15")  # a full-width digit after digits is a CJK piece of its own, not in their run
+@example("it's 'sé 's_ 's1 'll\u4e2d don't 'Ve ''s")  # a contraction ends at a character not of a word
+@example("a \n\x1c\u2028 \n b\r\n\xa0c")  # a line break takes every white space after it
+@example("\u2014 \u2019s \U0001f600 and \xe9 ?")  # marks only, then a letter among them
+def test_counting_by_classes_counts_as_matching(sample: str) -> None:
+    assert _counted(sample) == _matched(sample)
 
 
 def test_a_short_text_says_nothing_of_its_pieces() -> None:
