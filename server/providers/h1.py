@@ -29,7 +29,7 @@ import enum
 import re
 import ssl
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from typing import Any
 
 import httpcore
@@ -131,8 +131,11 @@ class H1Connection(httpcore.AsyncConnectionInterface):
     """One origin, one socket, one request at a time (see the module docstring)."""
 
     def __init__(self, origin: httpcore.Origin, ssl_context: ssl.SSLContext | None,
-                 keepalive_expiry: float | None, socket_options: Iterable[Any] | None = None) -> None:
+                 keepalive_expiry: float | None, socket_options: Iterable[Any] | None = None,
+                 on_idle: Callable[[H1Connection], None] | None = None) -> None:
         self._origin = origin
+        self._on_idle = on_idle  # told each time a response closes and the connection is kept
+        self.idle_since = 0.0  # monotonic time it last went idle
         self._ssl_context = ssl_context
         self._keepalive_expiry = keepalive_expiry
         self._socket_options = socket_options
@@ -309,8 +312,11 @@ class H1Connection(httpcore.AsyncConnectionInterface):
     async def response_closed(self) -> None:
         if self._state == _State.ACTIVE and self._reader.reusable():
             self._state = _State.IDLE
+            self.idle_since = now = time.monotonic()
             if self._keepalive_expiry is not None:
-                self._expire_at = time.monotonic() + self._keepalive_expiry
+                self._expire_at = now + self._keepalive_expiry
+            if self._on_idle is not None:
+                self._on_idle(self)
         else:
             await self.aclose()
 
