@@ -48,6 +48,7 @@ from server.store.base import (
     message_from_data,
     message_to_data,
 )
+from server.store.group import WriteGroup
 from server.store.migrations import migrate_sqlite
 from server.store.search import SQLITE, SUMMARY, search_sql
 from server.store.sqlite_users import SqliteUsers
@@ -106,6 +107,8 @@ class SqliteStore(SqliteUsers):
         self._conn = connection
         self._lock = threading.Lock()
         self._clock = Clock()
+        # Final writes of replies that end together go as one transaction (``server.store.group``).
+        self._finals = WriteGroup(partial(self._call, self._write), connection, (UnknownSession,))
 
     @classmethod
     def open(cls, data_dir: str | Path, timeout: float = 10.0) -> SqliteStore:
@@ -247,7 +250,7 @@ class SqliteStore(SqliteUsers):
     async def save_messages(self, session_id: str, messages: Sequence[ChatMessage],
                             calls: Sequence[CallRecord] = ()) -> None:
         rows = [_row(message) for message in messages]
-        await self._call(self._write, self._put_final, session_id, rows, calls)
+        await self._finals.write(partial(self._put_final, session_id, rows, calls))
 
     def _put_final(self, session_id: str, rows: list[Row], calls: Sequence[CallRecord] = ()) -> None:
         touched = self._put_rows(session_id, rows, _UPSERT) if rows or not calls else None
