@@ -14,7 +14,8 @@ Faults: an ``OperationalError`` at run time (disk full, read-only, locked past `
 timeout_seconds``) is raised as ``StoreUnavailable``, as the PostgreSQL store does, so callers
 handle one error whatever the backend; the transaction was rolled back and the same write may be
 tried again. At start-up a file that is not a database, fails ``PRAGMA quick_check``, or cannot be
-read or written stops start-up with a ``ConfigError`` naming the file and the problem.
+read or written stops start-up with a ``ConfigError`` naming the file and the problem
+(``server.store.sqlite_file``).
 
 Order: each message has a REAL ``position``; append takes ``max + 1`` (positions may be sparse),
 ``insert_message`` takes the midpoint of its neighbours and renumbers the session on the rare day
@@ -33,7 +34,7 @@ from typing import Any, TypeVar
 
 import anyio.to_thread
 
-from server.errors import ConfigError, SessionExists, StoreUnavailable, UnknownSession
+from server.errors import SessionExists, StoreUnavailable, UnknownSession
 from server.history.messages import ChatMessage
 from server.store.base import (
     CALL_FIELDS,
@@ -49,8 +50,8 @@ from server.store.base import (
     message_to_data,
 )
 from server.store.group import WriteGroup
-from server.store.migrations import migrate_sqlite
 from server.store.search import SQLITE, SUMMARY, search_sql
+from server.store.sqlite_file import connect
 from server.store.sqlite_users import SqliteUsers
 
 FILE_NAME = "meterchat.sqlite3"
@@ -112,21 +113,8 @@ class SqliteStore(SqliteUsers):
 
     @classmethod
     def open(cls, data_dir: str | Path, timeout: float = 10.0) -> SqliteStore:
-        folder = Path(data_dir)
-        path = folder / FILE_NAME
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
-                                         timeout=timeout)
-        except (OSError, sqlite3.Error) as exc:
-            raise ConfigError(f"{path}: cannot open the database: {_reason(exc)}") from exc
-        try:
-            _prepare(connection, path)
-            _check(connection, path)
-        except BaseException:
-            connection.close()
-            raise
-        return cls(connection, path)
+        path = Path(data_dir) / FILE_NAME
+        return cls(connect(path, timeout), path)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         try:
@@ -369,41 +357,3 @@ def _call_row(call: CallRecord, now: str) -> Row:
     data = call_to_data(call)
     data["created_at"] = call.created_at or now
     return tuple(data.values())
-
-
-def _reason(exc: BaseException) -> str:
-    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-
-
-def _check(connection: sqlite3.Connection, path: Path) -> None:
-    """Start-up: the file reads whole (quick_check) and takes a write, or start-up stops here
-    rather than at the first reply."""
-    try:
-        problems = [row[0] for row in connection.execute("PRAGMA quick_check")]
-        if problems != ["ok"]:
-            raise ConfigError(f"{path}: the database is corrupt (quick_check: {problems[0]})")
-        version = connection.execute("PRAGMA user_version").fetchone()[0]
-        connection.execute(f"PRAGMA user_version = {int(version)}")  # a write that changes nothing
-    except sqlite3.Error as exc:
-        raise ConfigError(f"{path}: {_problem(exc)}") from exc
-
-
-def _problem(exc: sqlite3.Error) -> str:
-    if isinstance(exc, sqlite3.DatabaseError) and any(
-            word in str(exc) for word in ("malformed", "not a database")):
-        return f"the database is corrupt ({exc}); restore a backup or move the file away"
-    return f"the database cannot be used: {exc}"
-
-
-def _prepare(connection: sqlite3.Connection, path: Path) -> None:
-    try:
-        _create(connection, path)
-    except sqlite3.Error as exc:
-        raise ConfigError(f"{path}: {_problem(exc)}") from exc
-
-
-def _create(connection: sqlite3.Connection, path: Path) -> None:
-    connection.execute("PRAGMA journal_mode = WAL")
-    connection.execute("PRAGMA synchronous = NORMAL")
-    connection.execute("PRAGMA foreign_keys = ON")
-    migrate_sqlite(connection, path.name)
