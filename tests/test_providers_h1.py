@@ -419,6 +419,28 @@ async def test_the_pool_pass_takes_an_idle_connection_without_walking_the_others
                 await response.aclose()
 
 
+async def test_a_full_pool_walks_its_connections_once_a_pass_however_many_wait(monkeypatch):
+    with run_server(parts_app([])) as running:
+        async with fast_client(connections=1) as http:
+            pool = http._transport._pool  # type: ignore[attr-defined]
+            async with http.stream("GET", f"{running.url}/?stall=1"):
+                waiting = [asyncio.create_task(streamed(http, f"{running.url}/?parts=1")) for _ in range(20)]
+                while sum(request.connection is None for request in pool._requests) < 20:
+                    await asyncio.sleep(0)  # each waiting request has made its pass
+                sweeps = 0
+                real = FastPool._sweep
+
+                def counted(self: FastPool, now: float) -> Any:
+                    nonlocal sweeps
+                    sweeps += 1
+                    return real(self, now)
+                monkeypatch.setattr(FastPool, "_sweep", counted)
+                pool._next_sweep = math.inf
+                assert pool._assign_requests_to_connections() == []  # one pass: 20 wait, none served
+                assert sweeps == 1  # not one a waiting request
+            assert await asyncio.gather(*waiting) == [parts(1)] * 20  # each took the one connection back
+
+
 async def test_the_sweep_drops_what_closed_and_reindexes_what_a_cancelled_request_left():
     with run_server(parts_app([])) as running:
         async with fast_client(connections=100) as http:
