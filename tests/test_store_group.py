@@ -1,8 +1,11 @@
 """Replies that end together are written as one transaction (``server/store/group.py``), on a real
-SQLite file: every write lands or fails for its own caller, as with one transaction each."""
+SQLite file: each write lands or fails for its own caller, as with one transaction each; a group fails
+as a whole only when its transaction does."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -10,7 +13,7 @@ import pytest
 
 from server.errors import StoreUnavailable, UnknownSession
 from server.history.messages import ChatMessage
-from server.store.sqlite import SqliteStore
+from server.store.sqlite import SqliteStore, _row
 
 pytestmark = pytest.mark.anyio
 
@@ -93,3 +96,41 @@ async def test_a_cancelled_caller_still_waits_for_its_write(tmp_path: Path) -> N
         stored = await store.get_session(session_id)
         assert stored is not None and len(stored.messages) == 2
     await store.close()
+
+
+async def test_a_write_that_raises_fails_alone_and_the_rest_of_its_group_lands(tmp_path: Path) -> None:
+    store, ids = await opened(tmp_path, 10)
+    before = await store.get_session("s1")
+    outcome: dict[str, BaseException | None] = {}
+
+    def failing() -> None:
+        store._put_final("s1", [])  # the session touched, then a bug: the savepoint undoes the touch
+        raise ValueError("a bug in one write")
+
+    async def write(session_id: str, run: Callable[[], object]) -> None:
+        try:
+            await store._finals.write(run)
+            outcome[session_id] = None
+        except Exception as exc:
+            outcome[session_id] = exc
+    async with anyio.create_task_group() as group:
+        for n, session_id in enumerate(ids):  # the first leads alone; the rest queue behind it
+            group.start_soon(write, session_id, failing if n == 1 else partial(
+                store._put_final, session_id, [_row(message) for message in reply(n)]))
+    assert isinstance(outcome.pop("s1"), ValueError) and set(outcome.values()) == {None}
+    stored = await store.get_session("s1")
+    assert stored is not None and before is not None
+    assert stored.messages == [] and stored.updated_at == before.updated_at
+    await store.close()
+
+
+async def test_a_caller_cancelled_before_it_writes_writes_nothing(tmp_path: Path) -> None:
+    # A shutdown's drain gives up on the writes left after its grace by cancelling them.
+    store, _ = await opened(tmp_path, 1)
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await store.save_messages("s0", reply(0))
+    stored = await store.get_session("s0")
+    assert stored is not None and stored.messages == []
+    await store.close()
+

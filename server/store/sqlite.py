@@ -109,7 +109,7 @@ class SqliteStore(SqliteUsers):
         self._lock = threading.Lock()
         self._clock = Clock()
         # Final writes of replies that end together go as one transaction (``server.store.group``).
-        self._finals = WriteGroup(partial(self._call, self._write), connection, (UnknownSession,))
+        self._finals = WriteGroup(partial(self._call, self._write), connection, _unavailable)
 
     @classmethod
     def open(cls, data_dir: str | Path, timeout: float = 10.0) -> SqliteStore:
@@ -120,8 +120,7 @@ class SqliteStore(SqliteUsers):
         try:
             return await anyio.to_thread.run_sync(partial(self._locked, fn, *args))
         except sqlite3.OperationalError as exc:
-            raise StoreUnavailable(f"the session store refused the write ({exc}); "
-                                   "what was not written is kept and written when it recovers") from exc
+            raise _unavailable(exc) from exc
 
     def _locked(self, fn: Callable[..., T], *args: Any) -> T:
         with self._lock:
@@ -351,6 +350,17 @@ class SqliteStore(SqliteUsers):
         for table, lines in (("trims", session.trims), ("notices", session.notices)):
             self._conn.executemany(_INSERT_EVENT.format(table),
                                    [(session.id, _json(line), line["created_at"]) for line in lines])
+
+
+def _unavailable(exc: Exception) -> Exception:
+    """What a caller sees of an error SQLite raised: a refusal (``OperationalError``: disk full,
+    read-only, locked too long) as ``StoreUnavailable``, anything else as it is."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return exc
+    error = StoreUnavailable(f"the session store refused the write ({exc}); "
+                             "what was not written is kept and written when it recovers")
+    error.__cause__ = exc
+    return error
 
 
 def _call_row(call: CallRecord, now: str) -> Row:
