@@ -17,8 +17,10 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import httpcore
 import httpx
 import pytest
+from httpcore._async.connection_pool import AsyncPoolRequest
 
 from server.providers.h1 import BODY, REQUEST_SENT, H1Body, H1Connection
 from server.providers.h1_parse import MAX_OVERHEAD
@@ -439,6 +441,20 @@ async def test_a_full_pool_walks_its_connections_once_a_pass_however_many_wait(m
                 assert pool._assign_requests_to_connections() == []  # one pass: 20 wait, none served
                 assert sweeps == 1  # not one a waiting request
             assert await asyncio.gather(*waiting) == [parts(1)] * 20  # each took the one connection back
+
+
+async def test_a_request_cancelled_before_it_starts_leaves_its_place_to_the_next():
+    with run_server(parts_app([])) as running:
+        async with fast_client(connections=1, pool=0.5) as http:
+            pool = http._transport._pool  # type: ignore[attr-defined]
+            request = AsyncPoolRequest(httpcore.Request("GET", f"{running.url}/?parts=1"))
+            pool._requests.append(request)  # the pass gives it a new connection; then, as httpcore
+            pool._assign_requests_to_connections()  # does when it is cancelled before starting:
+            orphan = request.connection
+            pool._requests.remove(request)
+            pool._assign_requests_to_connections()
+            assert await streamed(http, f"{running.url}/?parts=1") == parts(1)  # not a PoolTimeout
+            assert pool.connections == [orphan] and orphan.is_idle()
 
 
 async def test_the_sweep_drops_what_closed_and_reindexes_what_a_cancelled_request_left():

@@ -158,7 +158,9 @@ class H1Connection(httpcore.AsyncConnectionInterface):
         return origin == self._origin
 
     def is_available(self) -> bool:
-        return self._state == _State.IDLE
+        # NEW: a connection whose request was cancelled before it started holds no socket yet; the
+        # next request may take it (in httpcore it kept a max_connections place for good).
+        return self._state == _State.IDLE or (self._state == _State.NEW and not self._connect_failed)
 
     def has_expired(self) -> bool:
         if self._state == _State.NEW:
