@@ -98,12 +98,14 @@ class FastPool(httpcore.AsyncConnectionPool):
     def _longest_idle(self) -> H1Connection | None:
         """The longest idle connection (to any origin), taken from the index, to close for room; the
         index entries met that are no longer idle are dropped."""
-        waited = [(next(iter(idle.values())), key) for key, idle in self._idle.items() if idle]
-        for connection, key in sorted(waited, key=lambda pair: pair[0].idle_since):
+        while True:
+            heads = [(next(iter(idle.values())), key) for key, idle in self._idle.items() if idle]
+            if not heads:
+                return None
+            connection, key = min(heads, key=lambda head: head[0].idle_since)
             del self._idle[key][id(connection)]
             if connection.is_available() and not connection.is_closed():
                 return connection
-        return None
 
     def _past_keep_alive(self) -> list[httpcore.AsyncConnectionInterface]:
         surplus = sum(map(len, self._idle.values())) - self._max_keepalive_connections
