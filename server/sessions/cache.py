@@ -75,6 +75,8 @@ class SessionCache:
         """Keep the cache bounded: the store holds every session, memory only the recent ones. An
         evicted session's frame log goes with it; a client resuming it gets a fresh snapshot."""
         excess = len(self.sessions) - MAX_CACHED_SESSIONS
+        if excess <= 0:
+            return  # before the copy below: an open under the bound walks nothing
         for session_id, session in list(self.sessions.items()):
             if excess <= 0:
                 return
