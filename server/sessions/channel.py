@@ -24,8 +24,6 @@ from collections.abc import Callable
 from json.encoder import encode_basestring
 from typing import Any
 
-import anyio
-
 from server.sessions.events import EventBus
 
 FRAME_LOG_BYTES = 2 * 1024 * 1024  # per session: long enough to resume a long reply
@@ -100,7 +98,10 @@ class Outbox:
         # wake-up, set on every push, was a twentieth of the server's CPU at 100 paced sessions).
         self._waiter: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # get_running_loop() is a getpid() on 3.11
-        self.overflow = anyio.Event()
+        self._overflowed = False
+        # Called once, as the outbox overflows: the connection cancels its writer (a task waiting
+        # for an event to do so was one of each socket's tasks).
+        self.on_overflow: Callable[[], None] | None = None
         self.ending: str | None = None  # why the socket closes on purpose once what is queued is sent
         # Writes a frame's text to the socket at once if it takes it without waiting (True), set
         # by the connection that owns the outbox. Used only while the writer waits on an empty
@@ -115,7 +116,7 @@ class Outbox:
 
     @property
     def overflowed(self) -> bool:
-        return self.overflow.is_set()
+        return self._overflowed
 
     def push(self, packet: Packet) -> None:
         """Queue ``packet`` for the writer, or write it now when the writer waits and the socket
@@ -126,8 +127,10 @@ class Outbox:
             return
         self.frames.append(packet)
         self.bytes += packet.size
-        if self.bytes > self.limit_bytes:
-            self.overflow.set()
+        if self.bytes > self.limit_bytes and not self._overflowed:
+            self._overflowed = True
+            if self.on_overflow is not None:
+                self.on_overflow()
         if self._waiter is not None:
             self._wake()
 

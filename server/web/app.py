@@ -206,18 +206,14 @@ def single_sign_on(auth: AuthSettings, signin: Signin) -> tuple[list[Route], lis
 async def watched_connection(websocket: WebSocket[AppState], viewer: Viewer) -> None:
     """Serve the socket until it ends or its sign-in is revoked; then close it with 4401."""
     state = websocket.state
-    with state["revocations"].track(viewer) as revoked, state["user_buckets"].of(viewer.owner) as bucket:
-        async with anyio.create_task_group() as tasks:
-            async def close_when_revoked() -> None:
-                await revoked.wait()
-                tasks.cancel_scope.cancel()
-
-            tasks.start_soon(close_when_revoked)
-            await Connection(websocket, state["hub"], viewer.owner, bucket).run()
-            tasks.cancel_scope.cancel()
-        if revoked.is_set():
-            with contextlib.suppress(RuntimeError, OSError):
-                await websocket.close(code=TOKEN_REFUSED, reason="signed out")
+    # A revoked sign-in cancels the connection's scope from the revocation check itself: no task per
+    # socket waits for it (one of five per socket, each a coroutine, a context and a scope to build).
+    with anyio.CancelScope() as scope, state["revocations"].track(viewer, scope.cancel) as revoked, \
+            state["user_buckets"].of(viewer.owner) as bucket:
+        await Connection(websocket, state["hub"], viewer.owner, bucket).run()
+    if revoked.is_set():
+        with contextlib.suppress(RuntimeError, OSError):
+            await websocket.close(code=TOKEN_REFUSED, reason="signed out")
 
 
 async def events(request: Request[AppState]) -> Response:

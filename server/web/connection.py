@@ -223,10 +223,11 @@ class Connection:
         """Send what the outbox holds; a client that falls ``max_outbox_bytes`` behind is closed
         with 1008 even while a send waits on its full socket, an ended outbox with 1013 once what
         it holds is sent."""
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(self.send_loop, tasks.cancel_scope)
-            await self.outbox.overflow.wait()
-            tasks.cancel_scope.cancel()
+        with anyio.CancelScope() as writing:
+            self.outbox.on_overflow = writing.cancel
+            if not self.outbox.overflowed:
+                await self.send_loop()
+        self.outbox.on_overflow = None
         if self.outbox.overflowed:
             await self.close(1008, "client too slow; reconnect with last_seq")
         elif self.outbox.ending is not None:
@@ -239,8 +240,8 @@ class Connection:
             except (WebSocketDisconnect, RuntimeError):
                 pass
 
-    async def send_loop(self, done: anyio.CancelScope) -> None:
-        """Send until the socket is gone or the outbox was ended and is empty; then ``done``."""
+    async def send_loop(self) -> None:
+        """Send until the socket is gone or the outbox was ended and is empty."""
         outbox = self.outbox
         # Where meterchat's own WebSocket protocol serves (ws_guard.py), a batch goes to the
         # transport as one write, past Starlette's and uvicorn's per-frame send.
@@ -271,4 +272,3 @@ class Connection:
                     outbox.sent(packet.size)
         finally:
             outbox.direct = None  # the socket is done with: frames queue (and are dropped with it)
-            done.cancel()
