@@ -60,7 +60,7 @@ class FastPool(httpcore.AsyncConnectionPool):
         swept = now >= self._next_sweep
         if swept:
             closing += self._sweep(now)
-        closing += self._past_keep_alive()
+        self._close_past_keep_alive(closing)
         full = False  # no room, and no idle connection to close for it: the rest take idle ones or wait
         for request in queued:
             key = _key(request.request.url.origin)
@@ -71,12 +71,7 @@ class FastPool(httpcore.AsyncConnectionPool):
                 chosen = self._take_idle(key, closing)
             if chosen is None:
                 if not full and len(self._connections) >= self._max_connections:
-                    victim = self._longest_idle()
-                    if victim is None:
-                        full = True
-                    else:
-                        self._connections.remove(victim)
-                        closing.append(victim)
+                    full = not self._close_longest_idle(closing)
                 if full:
                     continue  # it waits for a connection to come back, as in httpcore
                 chosen = self.create_connection(request.request.url.origin)
@@ -104,20 +99,22 @@ class FastPool(httpcore.AsyncConnectionPool):
                 return None
             connection, key = min(heads, key=lambda head: head[0].idle_since)
             del self._idle[key][id(connection)]
-            if connection.is_available() and not connection.is_closed():
+            if connection.is_available():
                 return connection
 
-    def _past_keep_alive(self) -> list[httpcore.AsyncConnectionInterface]:
+    def _close_longest_idle(self, closing: list[httpcore.AsyncConnectionInterface]) -> bool:
+        """Close the longest idle connection, to any origin; False when there is none."""
+        victim = self._longest_idle()
+        if victim is None:
+            return False
+        self._connections.remove(victim)
+        closing.append(victim)
+        return True
+
+    def _close_past_keep_alive(self, closing: list[httpcore.AsyncConnectionInterface]) -> None:
         surplus = sum(map(len, self._idle.values())) - self._max_keepalive_connections
-        gone: list[httpcore.AsyncConnectionInterface] = []
-        while surplus > 0:
-            victim = self._longest_idle()
-            if victim is None:
-                break
-            self._connections.remove(victim)
-            gone.append(victim)
+        while surplus > 0 and self._close_longest_idle(closing):
             surplus -= 1
-        return gone
 
     def _sweep(self, now: float) -> list[httpcore.AsyncConnectionInterface]:
         """Walk every connection: drop closed ones, close expired ones, index the idle ones no
