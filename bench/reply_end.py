@@ -9,9 +9,11 @@ against its baseline in the same run.
 - The provider pool's pass on each new request (``providers/pool.FastPool``, idle connections
   indexed) against httpcore's own pass over the same connections: ``--sessions`` turns starting
   together, and one request among that many streams with 20 idle connections.
-- The final writes of ``--sessions`` replies ending together on one SQLite file: each its own
-  transaction and thread hop (as ``save_messages`` did) against ``save_messages`` now (the writes
-  queued while one is on its way go as one transaction, ``store/group.py``).
+- The store's calls that come together on one SQLite file (``store/group.py``): ``--sessions``
+  sessions created, then their replies' final writes, each call with its own thread hop (as
+  ``SqliteStore._call`` made them before ``CallQueue``) against one hop for the calls queued while
+  one is on its way, each in its own transaction, and for the final writes also grouped into one
+  transaction (``save_messages`` now).
 
 Prints microseconds and ratios; asserts nothing. Best of three for the first two parts; the writes
 are CPU time of the whole process (the store's thread included). ``--quick``: 50 sessions.
@@ -128,29 +130,56 @@ async def pools(sessions: int) -> None:
         print(f"| {case} | {stock[n]:.1f} | {fast[n]:.1f} | {stock[n] / fast[n]:.1f}x |")
 
 
+async def hop_each(store: SqliteStore, fn: Callable[..., object], *args: object) -> None:
+    """A store call as ``SqliteStore._call`` made it before ``CallQueue``: its own thread hop, the
+    store's lock taken on the worker thread."""
+    def locked() -> None:
+        with store._lock:
+            fn(*args)
+    await anyio.to_thread.run_sync(locked)
+
+
+WAYS = {
+    "a hop each": lambda store, write: hop_each(store, store._write, write),
+    "a transaction each": lambda store, write: store._call(store._write, write),
+    "grouped": lambda store, write: store.calls.write(write),
+}
+
+
 async def finals(sessions: int) -> None:
+    """Sessions created together, then their final writes together, each way in a fresh file; CPU
+    per call of the whole process."""
     rows_for = {kind: [_row(ChatMessage("user", "a question")), _row(ChatMessage("assistant", text))]
                 for kind, text in (("load bench reply", BENCH_REPLY), ("prose", TEXTS["prose"] * 3))}
-    print(f"\n| {sessions} final writes at once | one transaction each, us CPU | grouped, us CPU | ratio |")
-    print("|---|---|---|---|")
+    print(f"\n| {sessions} calls at once, us CPU a call | a hop and a transaction each (before) | "
+          "one hop a batch, a transaction each | one hop a batch, one transaction | before / now |")
+    print("|---|---|---|---|---|")
+    created: dict[str, float] = {}
     for kind, rows in rows_for.items():
-        spent = []
-        for grouped in (False, True):
+        spent: dict[str, float] = {}
+        for way, call in WAYS.items():
             with tempfile.TemporaryDirectory() as folder:
                 store = SqliteStore.open(folder)
                 ids = [f"s{n}" for n in range(sessions)]
-                for session_id in ids:
-                    await store.create_session(session_id, title="t", route="p/m")
+                started = time.process_time()
+                create_way = WAYS["a hop each" if way == "a hop each" else "a transaction each"]
+                async with anyio.create_task_group() as group:
+                    for session_id in ids:
+                        group.start_soon(create_way, store,
+                                         partial(store._create, session_id, "t", "p/m", None, None))
+                if kind == "prose":
+                    created[way] = (time.process_time() - started) / sessions * 1e6
                 started = time.process_time()
                 async with anyio.create_task_group() as group:
                     for session_id in ids:
-                        if grouped:
-                            group.start_soon(store._finals.write, partial(store._put_final, session_id, rows))
-                        else:
-                            group.start_soon(store._call, store._write, store._put_final, session_id, rows)
-                spent.append((time.process_time() - started) / sessions * 1e6)
+                        group.start_soon(call, store, partial(store._put_final, session_id, rows))
+                spent[way] = (time.process_time() - started) / sessions * 1e6
                 await store.close()
-        print(f"| {kind} | {spent[0]:.0f} | {spent[1]:.0f} | {spent[0] / spent[1]:.1f}x |")
+        before, now = spent["a hop each"], spent["grouped"]
+        print(f"| final writes: {kind} | {before:.0f} | {spent['a transaction each']:.0f} | {now:.0f} | "
+              f"{before / now:.1f}x |")
+    before, now = created["a hop each"], created["a transaction each"]
+    print(f"| sessions created | {before:.0f} | {now:.0f} | - | {before / now:.1f}x |")
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
-"""Replies that end together are written as one transaction (``server/store/group.py``), on a real
-SQLite file: each write lands or fails for its own caller, as with one transaction each; a group fails
-as a whole only when its transaction does."""
+"""The store's calls that come together take one hop, and replies that end together are written as one
+transaction (``server/store/group.py``), on a real SQLite file: each call returns or fails for its
+own caller, in the order the calls came, as when each had its own hop; a group of writes fails as a
+whole only when its transaction does."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import threading
+
 import anyio
 import pytest
 
-from server.errors import StoreUnavailable, UnknownSession
+from server.errors import SessionExists, StoreUnavailable, UnknownSession
 from server.history.messages import ChatMessage
 from server.store.sqlite import SqliteStore, _row
 
@@ -109,7 +112,7 @@ async def test_a_write_that_raises_fails_alone_and_the_rest_of_its_group_lands(t
 
     async def write(session_id: str, run: Callable[[], object]) -> None:
         try:
-            await store._finals.write(run)
+            await store.calls.write(run)
             outcome[session_id] = None
         except Exception as exc:
             outcome[session_id] = exc
@@ -134,3 +137,69 @@ async def test_a_caller_cancelled_before_it_writes_writes_nothing(tmp_path: Path
     assert stored is not None and stored.messages == []
     await store.close()
 
+
+
+async def test_calls_that_come_together_take_one_thread_and_a_few_hops(tmp_path: Path) -> None:
+    store = SqliteStore.open(tmp_path)
+    threads: set[int] = set()
+
+    async def create(n: int) -> None:
+        await store._call(lambda: threads.add(threading.get_ident()))
+        await store.create_session(f"s{n}", title=f"title {n}", route="demo/m")
+    hops = store.calls.batches
+    async with anyio.create_task_group() as group:
+        for n in range(50):
+            group.start_soon(create, n)
+    assert len(threads) == 1  # one hop at a time: not a thread each, all waiting on the store's lock
+    assert store.calls.batches - hops <= 6  # each of the two steps: the first alone, the rest behind it
+    titles: dict[int, str] = {}
+
+    async def read(n: int) -> None:  # each caller gets what its own call returned
+        stored = await store.get_session(f"s{n}")
+        assert stored is not None
+        titles[n] = stored.title
+    async with anyio.create_task_group() as group:
+        for n in range(50):
+            group.start_soon(read, n)
+    assert titles == {n: f"title {n}" for n in range(50)}
+    await store.close()
+
+
+async def test_a_call_that_fails_fails_alone_in_its_batch(tmp_path: Path) -> None:
+    store, _ = await opened(tmp_path, 1)
+    outcome: dict[int, BaseException | None] = {}
+
+    async def create(n: int) -> None:
+        try:
+            await store.create_session(f"s{n}", title="t", route="demo/m")  # s0 exists already
+            outcome[n] = None
+        except Exception as exc:
+            outcome[n] = exc
+    async with anyio.create_task_group() as group:
+        for n in (1, 2, 0, 3, 4):
+            group.start_soon(create, n)
+    assert isinstance(outcome.pop(0), SessionExists) and set(outcome.values()) == {None}
+    assert {s.id for s in await store.list_sessions()} == {"s0", "s1", "s2", "s3", "s4"}
+    await store.close()
+
+
+async def test_a_batch_runs_its_calls_in_the_order_they_came(tmp_path: Path) -> None:
+    store, _ = await opened(tmp_path, 2)
+    outcome: dict[str, BaseException | None] = {}
+
+    async def step(name: str, call: Callable[[], object]) -> None:
+        try:
+            await call()  # type: ignore[misc]
+            outcome[name] = None
+        except Exception as exc:
+            outcome[name] = exc
+    async with anyio.create_task_group() as group:  # the first leads; the rest form one batch
+        group.start_soon(step, "lead", partial(store.get_session, "s0"))
+        group.start_soon(step, "save s0", partial(store.save_messages, "s0", reply(0)))
+        group.start_soon(step, "delete s0", partial(store.delete_session, "s0"))
+        group.start_soon(step, "delete s1", partial(store.delete_session, "s1"))
+        group.start_soon(step, "save s1", partial(store.save_messages, "s1", reply(1)))
+    assert isinstance(outcome.pop("save s1"), UnknownSession)  # deleted before: as with a hop each
+    assert set(outcome.values()) == {None}
+    assert await store.get_session("s0") is None and await store.get_session("s1") is None
+    await store.close()

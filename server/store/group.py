@@ -1,83 +1,149 @@
-"""``WriteGroup``: writes that come while one is on its way leave together, as one.
+"""``CallQueue``: the store's calls that come while a batch is on its way leave together, in one hop.
 
-When 500 replies end within a second, each final write was its own thread hop and its own
-transaction, and each committed its own small full-text segment: 1.3 ms of CPU a reply, a third of
-the server's core in those seconds. A group takes every write queued while the previous group was
-on its way and runs them in one call of ``run`` (one hop, one transaction), each write inside its
-own savepoint. A write that raises is undone alone and its caller alone gets the error (``errors``
-turns it into what the store raises), as long as the transaction stands; an error that ended the
-transaction (SQLite rolls back on some, such as a full disk) or came from ``run`` itself fails the
-whole group, and every caller in it gets its own copy of that error (each may write again). A caller
-already cancelled writes nothing; once its write is queued, it waits for it whatever happens, as it
-waited for its thread before.
+Each call to the SQLite store was its own hop to a worker thread. When 500 sessions opened within two
+seconds, anyio started some 35 threads for them, all waiting on the store's one lock and on the GIL
+(each SQLite statement gives the GIL up and takes it back). The event loop, whose thread they took
+it from, fell behind: a session's creation was back on the loop about 100 ms after its thread
+finished, and every stream's chunks waited as long. Now one batch is on its way at a time: it takes
+every call queued while the previous one was on its way and runs them in one call of the worker
+thread, in the order they came, under the store's lock. Each runs as it would alone (its own
+transaction, or none for a read), and its caller alone gets what it returned or raised.
+
+Writes queued with ``write`` (a reply's final write) that follow each other in a batch go as one
+transaction (``transaction``), a savepoint each: when 500 replies end together, most of a final write
+is its full-text segment, and a group commits one. A write that raises is undone alone and its
+caller alone gets the error, as long as the transaction stands; an error that ended the transaction
+(SQLite rolls back on some, such as a full disk) fails the whole group, and every caller in it gets
+its own copy of that error (each may write again).
+
+``errors`` turns what SQLite raised into what the store raises. A caller already cancelled queues
+nothing; once its call is queued, it waits for it whatever happens, as it waited for its thread
+before.
 """
 
 from __future__ import annotations
 
 import copy
 import sqlite3
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
+import anyio.to_thread
 
-Write = Callable[[], object]
+T = TypeVar("T")
+_PENDING: Any = object()
 
 
 class _Queued:
-    __slots__ = ("write", "error", "done")
+    __slots__ = ("fn", "grouped", "result", "error")
 
-    def __init__(self, write: Write) -> None:
-        self.write = write
+    def __init__(self, fn: Callable[[], Any], grouped: bool) -> None:
+        self.fn = fn
+        self.grouped = grouped
+        self.result: Any = _PENDING
         self.error: BaseException | None = None
-        self.done = anyio.Event()
+
+    @property
+    def ended(self) -> bool:
+        return self.result is not _PENDING or self.error is not None
 
 
-class WriteGroup:
-    """Group commit over ``run``, which runs a callable in one transaction off the event loop."""
+class CallQueue:
+    """Calls to one SQLite connection, run in batches on a worker thread under ``lock``."""
 
-    def __init__(self, run: Callable[[Callable[[], None]], Awaitable[None]], connection: sqlite3.Connection,
+    def __init__(self, connection: sqlite3.Connection, lock: threading.Lock,
+                 transaction: Callable[[Callable[[], None]], None],
                  errors: Callable[[Exception], Exception]) -> None:
-        self._run = run
         self._connection = connection
+        self._lock = lock
+        self._transaction = transaction
         self._errors = errors
         self._queued: list[_Queued] = []
-        self._flight: anyio.Event | None = None  # set when the group on its way has ended
+        self._flight: anyio.Event | None = None  # set when the batch on its way has ended
+        self.batches = 0  # hops to the worker thread (tests and benches read it)
 
-    async def write(self, write: Write) -> None:
+    async def call(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the worker thread, as it would run alone."""
+        queued = await self._wait(_Queued(fn, grouped=False))
+        if queued.error is not None:
+            raise queued.error
+        return cast(T, queued.result)
+
+    async def write(self, write: Callable[[], object]) -> None:
+        """``write()`` in one transaction with the writes queued next to it, in its own savepoint."""
+        queued = await self._wait(_Queued(write, grouped=True))
+        if queued.error is not None:
+            raise queued.error
+
+    async def _wait(self, queued: _Queued) -> _Queued:
         await anyio.lowlevel.checkpoint_if_cancelled()
-        queued = _Queued(write)
         self._queued.append(queued)
         with anyio.CancelScope(shield=True):
-            while not queued.done.is_set():
+            while not queued.ended:
                 if self._flight is None:
                     await self._lead()
                 else:
                     await self._flight.wait()
-        if queued.error is not None:
-            raise queued.error
+        return queued
 
     async def _lead(self) -> None:
-        group, self._queued = self._queued, []
+        batch, self._queued = self._queued, []
         self._flight = flight = anyio.Event()
         try:
-            await self._run(lambda: self._each(group))
-        except BaseException as exc:  # the transaction ended as a whole: every write in it failed
-            for queued in group:
-                queued.error = queued.error or _own_copy(exc)
+            await anyio.to_thread.run_sync(self._run, batch)
+            self.batches += 1
+        except BaseException as exc:  # not one call's error (each is kept on its own): the batch's
+            for queued in batch:
+                if not queued.ended:
+                    queued.error = _own_copy(exc)
         finally:
             self._flight = None
             flight.set()
+
+    def _run(self, batch: list[_Queued]) -> None:
+        """On the worker thread: the batch in order, each grouped run of writes in one transaction."""
+        with self._lock:
+            start = 0
+            while start < len(batch):
+                if not batch[start].grouped:
+                    self._alone(batch[start])
+                    start += 1
+                    continue
+                end = start + 1
+                while end < len(batch) and batch[end].grouped:
+                    end += 1
+                self._group(batch[start:end])
+                start = end
+
+    def _alone(self, queued: _Queued) -> None:
+        try:
+            queued.result = queued.fn()
+        except Exception as exc:
+            queued.error = self._errors(exc)
+
+    def _group(self, group: list[_Queued]) -> None:
+        try:
+            self._transaction(lambda: self._each(group))
+        except Exception as exc:  # the transaction ended as a whole: every write in it failed
+            error = self._errors(exc)
             for queued in group:
-                queued.done.set()
+                if queued.error is None:
+                    queued.error = _own_copy(error)
+        else:
+            for queued in group:
+                if queued.error is None:
+                    queued.result = None
 
     def _each(self, group: list[_Queued]) -> None:
-        """In the transaction, on the store's thread: each write in its savepoint."""
+        """In the transaction: each write in its savepoint."""
         connection = self._connection
         for queued in group:
             connection.execute("SAVEPOINT grouped")
             try:
-                queued.write()
+                queued.fn()
             except Exception as exc:
                 if not connection.in_transaction:
                     raise  # SQLite ended the transaction: the group fails
@@ -87,7 +153,7 @@ class WriteGroup:
 
 
 def _own_copy(error: BaseException) -> BaseException:
-    """A copy of a group's error for one caller (raised in many tasks, one object would collect all
+    """A copy of a batch's error for one caller (raised in many tasks, one object would collect all
     their tracebacks), caused by the original."""
     try:
         mine = copy.copy(error)

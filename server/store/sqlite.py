@@ -4,11 +4,12 @@ WAL journal with ``synchronous=NORMAL``: a committed write survives the process 
 (SIGKILL included); only a power cut can lose the last few commits. Opening runs the pending schema
 migrations (``server.store.migrations``); a file written by a newer schema stops start-up.
 
-Threading: one connection, opened with ``check_same_thread=False`` and serialised by a
-``threading.Lock`` held inside the worker thread that ``anyio.to_thread.run_sync`` runs each call
-in, so the event loop never blocks on the disk and calls from any event loop (a test client's
-portal, the server's loop) are safe. Messages are turned into rows on the caller's thread before
-the hand-off, so a reply still streaming into a ``ChatMessage`` cannot change under the write.
+Threading: one connection, opened with ``check_same_thread=False``. Calls run on a worker thread
+(``anyio.to_thread.run_sync``), so the event loop never blocks on the disk; the calls that come
+while one is on its way go together in one hop (``server.store.group.CallQueue``), under a
+``threading.Lock``, so calls from any event loop (a test client's portal, the server's loop) are
+safe. Messages are turned into rows on the caller's thread before the hand-off, so a reply still
+streaming into a ``ChatMessage`` cannot change under the write.
 
 Faults: an ``OperationalError`` at run time (disk full, read-only, locked past ``[store]
 timeout_seconds``) is raised as ``StoreUnavailable``, as the PostgreSQL store does, so callers
@@ -32,7 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-import anyio.to_thread
+from anyio.lowlevel import RunVar
 
 from server.errors import SessionExists, StoreUnavailable, UnknownSession
 from server.history.messages import ChatMessage
@@ -49,7 +50,7 @@ from server.store.base import (
     message_from_data,
     message_to_data,
 )
-from server.store.group import WriteGroup
+from server.store.group import CallQueue
 from server.store.search import SQLITE, SUMMARY, search_sql
 from server.store.sqlite_file import connect
 from server.store.sqlite_users import SqliteUsers
@@ -108,23 +109,27 @@ class SqliteStore(SqliteUsers):
         self._conn = connection
         self._lock = threading.Lock()
         self._clock = Clock()
-        # Final writes of replies that end together go as one transaction (``server.store.group``).
-        self._finals = WriteGroup(partial(self._call, self._write), connection, _unavailable)
+        # Calls that come together take one hop; final writes of replies that end together go as
+        # one transaction (``server.store.group``). A queue for each event loop, one lock for all.
+        self._queues: RunVar[CallQueue] = RunVar(f"sqlite-calls-{id(self)}")
 
     @classmethod
     def open(cls, data_dir: str | Path, timeout: float = 10.0) -> SqliteStore:
         path = Path(data_dir) / FILE_NAME
         return cls(connect(path, timeout), path)
 
-    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+    @property
+    def calls(self) -> CallQueue:
+        """This event loop's queue of calls."""
         try:
-            return await anyio.to_thread.run_sync(partial(self._locked, fn, *args))
-        except sqlite3.OperationalError as exc:
-            raise _unavailable(exc) from exc
+            return self._queues.get()
+        except LookupError:
+            queue = CallQueue(self._conn, self._lock, self._write, _unavailable)
+            self._queues.set(queue)
+            return queue
 
-    def _locked(self, fn: Callable[..., T], *args: Any) -> T:
-        with self._lock:
-            return fn(*args)
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self.calls.call(partial(fn, *args))
 
     def _write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn`` in one immediate transaction: committed when this returns, else rolled back."""
@@ -237,7 +242,7 @@ class SqliteStore(SqliteUsers):
     async def save_messages(self, session_id: str, messages: Sequence[ChatMessage],
                             calls: Sequence[CallRecord] = ()) -> None:
         rows = [_row(message) for message in messages]
-        await self._finals.write(partial(self._put_final, session_id, rows, calls))
+        await self.calls.write(partial(self._put_final, session_id, rows, calls))
 
     def _put_final(self, session_id: str, rows: list[Row], calls: Sequence[CallRecord] = ()) -> None:
         touched = self._put_rows(session_id, rows, _UPSERT) if rows or not calls else None
