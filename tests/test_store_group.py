@@ -5,11 +5,10 @@ whole only when its transaction does."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-
-import threading
 
 import anyio
 import pytest
