@@ -118,6 +118,30 @@ async def test_checkpoints_leave_the_search_index_and_the_final_save_indexes(tmp
     await store.close()
 
 
+async def test_a_checkpoint_after_the_first_rewrites_the_row_alone(tmp_path):
+    # The first checkpoint inserts the reply's row (the session touched, a position found); the
+    # later ones rewrite that row in place and touch nothing else: the session's time and every
+    # other row stay as they were, until the final save touches the session.
+    store = SqliteStore.open(tmp_path)
+    await store.create_session("s", title="s", route="demo")
+    await store.save_messages("s", [ChatMessage("user", "a question")])
+    statements: list[str] = []
+    store._conn.set_trace_callback(statements.append)
+    await store.save_batch({"s": [reply("first words")]})
+    first = await store.get_session("s")
+    statements.clear()
+    await store.save_batch({"s": [reply("first words, then more")]})
+    assert not [sql for sql in statements if "sessions" in sql or sql.startswith(("INSERT", "SELECT"))]
+    store._conn.set_trace_callback(None)
+    later = await store.get_session("s")
+    assert first is not None and later is not None and later.updated_at == first.updated_at
+    assert [m.content for m in later.messages] == ["a question", "first words, then more"]
+    await store.delete_session("s")  # deleted while it streams: the checkpoint writes nothing
+    await store.save_batch({"s": [reply("first words, then more, and more")]})
+    assert await store.get_session("s") is None
+    await store.close()
+
+
 async def test_replies_ending_together_all_go_on_when_the_batch_in_flight_is_written(tmp_path):
     # 100 replies end while one batch is written: each settle waits for that batch, and all of them
     # go on in the same few loop iterations, not one per iteration as a lock handed over would.

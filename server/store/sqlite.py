@@ -67,6 +67,10 @@ _INSERT = (f"INSERT INTO messages (session_id, id, position, {', '.join(_FIELDS)
            f"VALUES ({', '.join('?' * (len(_FIELDS) + 3))})")
 _UPSERT = (_INSERT + " ON CONFLICT (session_id, id) DO UPDATE SET "
            + ", ".join(f"{name} = excluded.{name}" for name in _FIELDS))
+# A streaming reply's checkpoint once its row exists: the row rewritten in place, the session
+# untouched (its final write touches it), no position to find.
+_CHECKPOINT = (f"UPDATE messages SET {', '.join(f'{name} = ?' for name in _FIELDS)} "
+               "WHERE session_id = ? AND id = ?")
 _CONTENT, _INTERRUPTED = (1 + _FIELDS.index(name) for name in ("content", "interrupted"))  # in a Row
 _REINDEX = ("UPDATE message_text SET content = ? "
             "WHERE rowid = (SELECT rowid FROM messages WHERE session_id = ? AND id = ?)")
@@ -260,9 +264,14 @@ class SqliteStore(SqliteUsers):
         await self._call(self._write, self._put_batch, work)
 
     def _put_batch(self, work: list[tuple[str, list[Row]]]) -> None:
+        execute = self._conn.execute
         for session_id, rows in work:
+            # A reply's first checkpoint inserts its row; the later ones rewrite it in place.
+            new = [row for row in rows if execute(_CHECKPOINT, (*row[1:], session_id, row[0])).rowcount == 0]
+            if not new:
+                continue
             try:
-                self._put_rows(session_id, rows, _UPSERT)
+                self._put_rows(session_id, new, _UPSERT)
             except UnknownSession:  # deleted while it streamed; nothing of it was written
                 continue
 
