@@ -35,6 +35,7 @@ from server.sessions.instances import SOLE_HOLD, Hold, Instances, SoleInstance
 from server.sessions.quota import Quota
 from server.sessions.runtime import Runtime
 from server.sessions.session import Session, TurnHandle, utc_now
+from server.sessions.set_aside import estimate_without, turns_from
 from server.sessions.turn import Turn
 from server.sessions.unsaved import UnsavedWriter
 from server.sessions.versions import Replaces
@@ -287,11 +288,12 @@ class SessionHub:
     async def preview_edit(self, session: Session, turn_id: object) -> Frame:
         """The meter as it would read with ``turn_id`` and every later turn set aside (an edit of
         that turn's message), for the asking client only: nothing changes."""
-        turns = session.turns_from(Replaces.checked("preview_edit.turn_id", turn_id))
+        turns = turns_from(session, Replaces.checked("preview_edit.turn_id", turn_id))
         if not turns:
             raise BadFrame(f"preview_edit.turn_id: no turn {echo(turn_id)} in this session")
         meter = self.rt.meter
-        reading = await meter.read(session.route, session.estimate_without(turns), meter.tools(session.route),
+        reading = await meter.read(session.route, estimate_without(session, turns),
+                                   meter.tools(session.route),
                                    session.anchors.get(session.route.name))  # the meter's own accounting
         frame = meter.frame(reading, session.ledger, EDIT_PREVIEW)
         frame.pop("trim_preview", None)  # the ledger's preview is of the history before the edit

@@ -16,6 +16,7 @@ from server.routing.resolver import Route
 from server.sessions.instances import Instances
 from server.sessions.runtime import Runtime
 from server.sessions.session import Session
+from server.sessions.set_aside import set_aside_orphans
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class Restores:
         """``session`` was just read from the store."""
         # A tool call whose result is missing may be one another instance is running right now.
         if not await self.instances.turn_running(session.id):
-            await session.set_aside_orphans()
+            await set_aside_orphans(session)
         self._pending.add(session.id)
 
     def forget(self, session_id: str) -> None:

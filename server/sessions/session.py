@@ -2,8 +2,8 @@
 
 A session owns its transcript (every message, including those no longer sent), the marks on it, the
 ``HistoryLedger`` of what the next provider call sends (``to_send``), its breadcrumb, and the
-operations on them: ``trim`` (mark what a trim dropped), ``set_aside`` (keep a turn but stop
-sending it), ``set_aside_orphans`` (on restore) and ``emit_meter`` (the ``context`` frame). Its frames
+operations on them: ``trim`` (mark what a trim dropped) and ``emit_meter`` (the ``context`` frame);
+setting turns aside (kept, no longer sent) is ``server.sessions.set_aside``'s. Its frames
 go out through its ``FrameChannel``. The store and the meter are needed only by the operations that
 save marks or read the meter; a session built without them (benchmarks, history tests) is the plain
 in-memory history. The turn in flight belongs to the session, not to a socket, so
@@ -37,10 +37,9 @@ from server.history.messages import (
     DEFAULT_IMAGE_TOKEN_COST,
     TRIMMED,
     ChatMessage,
-    estimate_history_tokens,
     left_out_tokens,
 )
-from server.history.trim import TrimReport, sweep_orphans
+from server.history.trim import TrimReport
 from server.protocol import server_frame
 from server.routing.anchor import Anchor
 from server.routing.meter import Meter, Reading
@@ -52,8 +51,6 @@ from server.sessions.notices import OBSERVED, Notice, Notices
 from server.sessions.reply import ReplyWriter
 from server.sessions.writes import Writes
 from server.store.base import CallRecord, Store
-
-ORPHANED = "orphaned tool message (its call or result is missing)"
 
 WATCHED = OBSERVED | COUNTED  # the frame types emit looks at twice; never a chunk
 
@@ -352,45 +349,6 @@ class Session:
             await self.store.record_trim(self.id, kept, marked)
         else:  # off the turn's path; a refusal is raised by check_writes when the turn ends
             self._behind(lambda: self.store.record_trim(self.id, kept, marked))
-
-    async def set_aside(self, turn_id: str, reason: str) -> list[ChatMessage]:
-        """Keep a turn's messages in the transcript but stop sending them (``left_out`` =
-        ``reason``); returns what was set aside (nothing when the turn is unknown or already left out)."""
-        messages = [m for m in self.transcript if m.turn_id == turn_id and m.left_out is None]
-        return await self._leave_out(messages, reason)
-
-    def turns_from(self, turn_id: str) -> list[str]:
-        """``turn_id`` and every turn after it, in transcript order (empty when it is unknown)."""
-        turns = list(dict.fromkeys(m.turn_id for m in self.transcript if m.turn_id))
-        return turns[turns.index(turn_id):] if turn_id in turns else []
-
-    async def set_aside_from(self, turn_id: str, reason: str) -> list[str]:
-        """An edit of an earlier message: that turn and every later one stop being sent (kept in
-        the transcript); returns the turns that were still sent and are now set aside."""
-        turns = self.turns_from(turn_id)
-        messages = [m for m in self.transcript if m.turn_id in turns and m.left_out is None]
-        await self._leave_out(messages, reason)
-        return [t for t in turns if any(m.turn_id == t for m in messages)]
-
-    def estimate_without(self, turn_ids: list[str]) -> int:
-        """The estimate of what would be sent with ``turn_ids`` left out (an edit's preview)."""
-        gone = set(turn_ids)
-        kept = [m for m in self.to_send() if m.turn_id not in gone]
-        return estimate_history_tokens(kept, self.image_token_cost)
-
-    async def set_aside_orphans(self) -> list[ChatMessage]:
-        """On restore: tool messages whose call or result is missing are no longer sent."""
-        swept = {m.id for m in sweep_orphans(self.to_send())}
-        orphans = [m for m in self.to_send() if m.id not in swept and not m.breadcrumb]
-        return await self._leave_out(orphans, ORPHANED)
-
-    async def _leave_out(self, messages: list[ChatMessage], reason: str) -> list[ChatMessage]:
-        for message in messages:
-            message.left_out = reason
-        if messages:
-            self.rebuild()
-            await self.store.save_messages(self.id, messages)
-        return messages
 
     # --- the meter ----------------------------------------------------------------------------
 

@@ -55,6 +55,7 @@ from server.sessions.compaction_runner import Compaction, NoCompaction
 from server.sessions.reply import ReplyWriter, Step
 from server.sessions.runtime import Runtime
 from server.sessions.session import Session, utc_now
+from server.sessions.set_aside import set_aside
 from server.sessions.tool_calls import ToolRound
 from server.sessions.usage import Totals, silently_truncated
 from server.store.base import CallRecord
@@ -146,7 +147,7 @@ class Turn:
             await self.finish_reply(interrupted=True)
             # Kept in the transcript but not sent again, so one oversized message cannot block
             # every later turn when proactive trimming is off.
-            await self.session.set_aside(self.turn_id, SET_ASIDE_UNFIT)
+            await set_aside(self.session, self.turn_id, SET_ASIDE_UNFIT)
             await self.last(error_frame(exc, turn_id=self.turn_id))
         except MeterchatError as exc:
             await self.fail(exc)

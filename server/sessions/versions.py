@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from server.errors import BadFrame
 from server.protocol import ID_CHARS, echo, server_frame
 from server.sessions.session import Session
+from server.sessions.set_aside import set_aside, set_aside_from, turns_from
 
 RETRIED = "replaced by a retry"  # the same question again after a failed or stopped reply
 REGENERATED = "replaced by a regenerated reply"  # the same question again after a complete reply
@@ -51,7 +52,7 @@ class Replaces:
             raise BadFrame("message: retry_of and edit_of name the turn to replace; send one of them")
         if edit_of is not None:
             turn_id = checked_turn_id("message.edit_of", edit_of)
-            if not session.turns_from(turn_id):
+            if not turns_from(session, turn_id):
                 raise BadFrame(f"message.edit_of: no turn {echo(turn_id)} in this session")
             return cls(turn_id, edit=True)
         if retry_of is not None:
@@ -63,8 +64,8 @@ class Replaces:
         ``text`` is the replacing message's (a retry with another text is an edit)."""
         reason = EDITED if self.edit else retry_reason(session, self.turn_id, text)
         if self.edit:
-            turns = await session.set_aside_from(self.turn_id, reason)
-        elif await session.set_aside(self.turn_id, reason):
+            turns = await set_aside_from(session, self.turn_id, reason)
+        elif await set_aside(session, self.turn_id, reason):
             turns = [self.turn_id]
         else:
             raise BadFrame(f"message.retry_of: no turn {echo(self.turn_id)} still sent in this session")
