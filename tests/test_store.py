@@ -132,6 +132,31 @@ async def test_store_save_messages_upserts_by_id(store: Store) -> None:
     assert session.messages[1].content == "partial answer"
 
 
+async def test_store_checkpoints_after_the_first_rewrite_the_reply_in_place(store: Store) -> None:
+    # A streaming reply's first checkpoint adds its row (the session touched); the later ones
+    # rewrite that row and nothing else, until the reply's final save touches the session again.
+    await store.create_session("s", title="t", route="r")
+    await store.append_messages("s", [ChatMessage("user", "a question")])
+    reply = ChatMessage("assistant", "first words", turn_id="t1", interrupted=True)
+    await store.save_batch({"s": [reply]})
+    first = await store.get_session("s")
+    reply.set_content("first words, then more")
+    await store.save_batch({"s": [reply]})
+    later = await store.get_session("s")
+    assert first is not None and later is not None and later.updated_at == first.updated_at
+    assert [(m.content, m.interrupted) for m in later.messages] == [
+        ("a question", False), ("first words, then more", True)]
+    reply.set_content("first words, then more, and the end")
+    reply.interrupted = False
+    await store.save_messages("s", [reply])
+    final = await store.get_session("s")
+    assert final is not None and final.updated_at > first.updated_at
+    assert [m.content for m in final.messages][-1] == "first words, then more, and the end"
+    await store.delete_session("s")  # deleted while it streams: a checkpoint writes nothing
+    await store.save_batch({"s": [reply]})
+    assert await store.get_session("s") is None
+
+
 async def test_store_save_messages_appends_an_unsaved_stream(store: Store) -> None:
     await store.create_session("s", title="t", route="r")
     reply = ChatMessage("assistant", "first chunk")

@@ -137,7 +137,6 @@ async def test_a_caller_cancelled_before_it_writes_writes_nothing(tmp_path: Path
     await store.close()
 
 
-
 async def test_calls_that_come_together_take_one_thread_and_a_few_hops(tmp_path: Path) -> None:
     store = SqliteStore.open(tmp_path)
     threads: set[int] = set()

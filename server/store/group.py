@@ -1,10 +1,10 @@
 """``CallQueue``: the store's calls that come while a batch is on its way leave together, in one hop.
 
 Each call to the SQLite store was its own hop to a worker thread. When 500 sessions opened within two
-seconds, anyio started some 35 threads for them, all waiting on the store's one lock and on the GIL
-(each SQLite statement gives the GIL up and takes it back). The event loop, whose thread they took
-it from, fell behind: a session's creation was back on the loop about 100 ms after its thread
-finished, and every stream's chunks waited as long. Now one batch is on its way at a time: it takes
+seconds, anyio started worker threads until the process ran 36, all waiting on the store's one lock
+and on the GIL (each SQLite statement gives the GIL up and takes it back), and a session's creation
+reached the event loop about 100 ms after its thread finished (docs/performance.md, stop 29). Now
+one batch is on its way at a time (for each event loop: the store keeps a queue per loop): it takes
 every call queued while the previous one was on its way and runs them in one call of the worker
 thread, in the order they came, under the store's lock. Each runs as it would alone (its own
 transaction, or none for a read), and its caller alone gets what it returned or raised.
@@ -17,8 +17,10 @@ caller alone gets the error, as long as the transaction stands; an error that en
 its own copy of that error (each may write again).
 
 ``errors`` turns what SQLite raised into what the store raises. A caller already cancelled queues
-nothing; once its call is queued, it waits for it whatever happens, as it waited for its thread
-before.
+nothing; once its call is queued, it waits for it whatever anyio cancels, as it waited for its thread
+before. anyio's shield does not hold against asyncio's own ``Task.cancel`` (the loop closing):
+if the leader of a batch gets one, every call of the batch not yet ended gets a copy of that
+cancellation, though the worker thread may still finish them.
 """
 
 from __future__ import annotations

@@ -52,6 +52,9 @@ _INSERT = "INSERT INTO messages (session_id, id, position, data) VALUES (%s, %s,
 # A trim or a notice: its fields as JSON, in the table named (``trims``, ``notices``).
 _INSERT_EVENT = "INSERT INTO {} (session_id, data, created_at) VALUES (%s, %s, %s)"
 _UPSERT = _INSERT + " ON CONFLICT (session_id, id) DO UPDATE SET data = excluded.data"
+# A streaming reply's checkpoint once its row exists: the row rewritten in place, the session
+# untouched (its final write touches it), no position to find.
+_CHECKPOINT = "UPDATE messages SET data = %s WHERE session_id = %s AND id = %s"
 
 
 class _NulSafeText(StrDumperUnknown):
@@ -228,10 +231,21 @@ class PostgresStore(PostgresUsers):
                 for session_id, messages in batch.items()]
         async with self._transaction() as conn:
             for session_id, documents in work:
+                # A reply's first checkpoint inserts its row; the later ones rewrite it in place.
+                new = [document for document in documents
+                       if not await self._rewritten(conn, session_id, document)]
+                if not new:
+                    continue
                 try:
-                    await self._put(conn, session_id, documents, _UPSERT)
+                    await self._put(conn, session_id, new, _UPSERT)
                 except UnknownSession:  # deleted while it streamed; its UPDATE matched nothing
                     continue
+
+    @staticmethod
+    async def _rewritten(conn: Conn, session_id: str, document: tuple[str, Json]) -> bool:
+        message_id, data = document
+        cursor = await conn.execute(_CHECKPOINT, (data, session_id, message_id))
+        return cursor.rowcount == 1
 
     async def _put(self, conn: Conn, session_id: str, documents: list[tuple[str, Json]], sql: str) -> str:
         """Write ``documents`` at the session's end (an upsert keeps a known id's place); the time
