@@ -29,6 +29,8 @@ import copy
 import sqlite3
 import threading
 from collections.abc import Callable
+from itertools import groupby
+from operator import attrgetter
 from typing import Any, TypeVar, cast
 
 import anyio
@@ -108,17 +110,12 @@ class CallQueue:
     def _run(self, batch: list[_Queued]) -> None:
         """On the worker thread: the batch in order, each grouped run of writes in one transaction."""
         with self._lock:
-            start = 0
-            while start < len(batch):
-                if not batch[start].grouped:
-                    self._alone(batch[start])
-                    start += 1
-                    continue
-                end = start + 1
-                while end < len(batch) and batch[end].grouped:
-                    end += 1
-                self._group(batch[start:end])
-                start = end
+            for grouped, run in groupby(batch, key=attrgetter("grouped")):
+                if grouped:
+                    self._group(list(run))
+                else:
+                    for queued in run:
+                        self._alone(queued)
 
     def _alone(self, queued: _Queued) -> None:
         try:
