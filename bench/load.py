@@ -12,7 +12,9 @@ own process: the fake provider, the server under test, the clients.
 Each token carries the fake's monotonic-ns stamp, so a client times every chunk against the moment
 the provider wrote it. Printed per N: chunk delay p50/p99 and the delay added over direct, first-chunk
 delay added, chunks lost or reordered, the server's CPU seconds per 1,000 chunks and share of a core,
-its RSS growth per session, the clients' own CPU share, and ratios to the bare relay. With
+its RSS growth per session, the clients' own CPU share, and ratios to the bare relay. After several N,
+the most streams each path held within ``--within`` ms of added p99 (every reply finished), and
+meterchat's against the relay's: streams per core at the same p99 when pinned. With
 ``--instances 1,2``: the same sessions through nginx (deploy/nginx.conf) to one and to two meterchat
 processes sharing a private Redis, with nginx's and Redis's CPU and the Redis round trips per chunk.
 Nothing is asserted. Everything binds 127.0.0.1, every phase has a deadline, and every child is stopped.
@@ -37,6 +39,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=20, help="length of each paced reply")
     parser.add_argument("--rate", type=int, default=50, help="tokens per second of each reply")
     parser.add_argument("--ramp", type=float, default=2.0, help="seconds over which sessions start")
+    parser.add_argument("--within", type=float, default=100.0, help="after several N: the most streams "
+                        "each path held with every reply finished and +p99 at most this many ms")
     parser.add_argument("--paths", default="direct,relay,meterchat", help="which paths to measure")
     parser.add_argument("--quick", action="store_true", help="N=20, 1.5 s replies, no first-chunk mode")
     parser.add_argument("--pin", action="store_true", help="taskset: server on core 0, the rest on core 1")

@@ -99,3 +99,27 @@ def ratios(results: dict[str, dict[str, Any]], direct: dict[str, Any]) -> list[s
 
 def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b > 0 else "n/a (relay adds nothing measurable)"
+
+
+def held_within(by_n: dict[int, dict[str, dict[str, Any]]], bound_ms: float) -> str:
+    """After several N: the most streams each path held with every reply finished and its added p99
+    at most ``bound_ms`` (the most streams per core at that p99 when the server is pinned), and
+    meterchat's figure against the relay's. A path held nothing when no N met both."""
+    held: dict[str, int | None] = {}
+    for n, results in sorted(by_n.items()):
+        floor = ((results.get("direct") or {}).get("delay") or {}).get("p99", 0.0)
+        for name, r in results.items():
+            if name == "direct":
+                continue
+            added = (r["delay"] or {}).get("p99", float("inf")) - floor
+            ok = r["finished"] == r["sessions"] and added <= bound_ms
+            held[name] = max(n, held.get(name) or 0) if ok else held.get(name)
+    sizes = ", ".join(str(n) for n in sorted(by_n))
+    parts = [f"{name} {count if count else 'none'}" for name, count in held.items()]
+    line = f"\nstreams held with +p99 <= {bound_ms:g} ms, of N = {sizes}: " + "; ".join(parts)
+    relay, served = held.get("relay"), held.get("meterchat")
+    if relay and served:
+        line += f"; meterchat / bare relay: {served / relay:.2f}x"
+    elif served and "relay" in held:
+        line += f"; meterchat / bare relay: more than {served / min(by_n):.2f}x (the relay held no N tried)"
+    return line

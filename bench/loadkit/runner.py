@@ -17,7 +17,7 @@ from typing import Any
 
 from bench.loadkit import cluster, procs, rss
 from bench.loadkit.cluster import Served
-from bench.loadkit.report import table
+from bench.loadkit.report import held_within, table
 
 LOAD = str(procs.ROOT / "bench" / "load.py")
 CLUSTER = "nginx/"  # the path of N instances behind nginx is named nginx/N
@@ -230,11 +230,14 @@ def measure_all(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="meterchat-load-") as tmp, ExitStack() as stack:
         bench = Bench(args, Path(tmp), stack)
         print(header(args, bench.notes), flush=True)
+        by_n: dict[int, dict[str, dict[str, Any]]] = {}
         for n in numbers(args.sessions):
             load = loadavg()
-            results = bench.measure(paths, paced_plan(args, n))
+            results = by_n[n] = bench.measure(paths, paced_plan(args, n))
             print(table(f"\n{n} sessions x {args.rate} tokens/s, {args.seconds:g} s replies "
                         f"(machine load average {load} -> {loadavg()})", results), flush=True)
+        if len(by_n) > 1:
+            print(held_within(by_n, args.within), flush=True)
         for concurrency in numbers(args.first_chunk):
             plan = first_chunk_plan(concurrency, args.quick)
             load = loadavg()
