@@ -56,7 +56,8 @@ def table(title: str, results: dict[str, dict[str, Any]]) -> str:
                          f"streams at once, at most: {r['peak']}")
         if r.get("by_second"):
             lines.append(f"  {name} p99 ms by second of the run (received): "
-                         + " ".join(f"{p99:.0f}" for p99 in r["by_second"]))
+                         + " ".join(f"{p99:.0f}" for p99 in r["by_second"])
+                         + (f"; host steal {r['steal_pct']:.1f} %" if r.get("steal_pct") is not None else ""))
         if r.get("rss_mib"):
             lines += rss.describe(name, r)
         if r.get("side_cpu_per_1k"):

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench.loadkit import cluster, procs, rss
 from bench.loadkit.cluster import Served
@@ -188,7 +188,9 @@ class Bench:
         abuse = bool(plan.get("abuse")) and path == "meterchat"  # the relay speaks too little protocol
         cpu0 = cluster.side_cpu(served)
         counters0 = cluster.redis_counters(served.redis_port) if served.redis_port else None
+        stolen0 = stolen()
         result = self.clients({**plan, "kind": kind, "host": served.host, "abuse": abuse}, pids)
+        result["steal_pct"] = stolen().since(stolen0)
         if served.side:
             result.update(cluster.side_figures(served, cpu0, counters0, result["received"]))
         if path == "meterchat" and "rss_base" in result:  # the warm-up's session stays in memory too
@@ -259,6 +261,24 @@ def cluster_notes(args: argparse.Namespace) -> list[str]:
         notes.append("pinned: every instance, nginx and Redis share core 0 (the cost of the extra hops, "
                      "not the scaling)")
     return notes
+
+
+class Ticks(NamedTuple):
+    steal: int
+    total: int
+
+    def since(self, before: Ticks) -> float | None:
+        """The share of the machine's CPU time the host took for other guests meanwhile, in %."""
+        total = self.total - before.total
+        return 100 * (self.steal - before.steal) / total if total > 0 else None
+
+
+def stolen() -> Ticks:
+    """/proc/stat's steal and total ticks of all cores: a virtual machine's noise, which delays
+    every path alike (the hour the VM runs in moves the p99 by tens of ms)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    total = sum(fields[:8])  # guest time is counted in user time already
+    return Ticks(fields[7] if len(fields) > 7 else 0, total)
 
 
 def loadavg() -> str:
