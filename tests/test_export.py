@@ -56,7 +56,7 @@ def test_export_json_is_versioned_and_plain_data() -> None:
     assert list(document["messages"][0]) == [
         "id", "role", "content", "tool_calls", "tool_call_id", "images", "name", "breadcrumb", "summary",
         "trimmed", "excluded", "interrupted", "turn_id", "created_at", "replaces",
-        "thinking"]
+        "thinking", "served_by"]
     assert list(document["calls"][0]) == [
         "turn_id", "provider", "model", "route_kind", "input_tokens", "output_tokens", "tokens_source",
         "cost_usd", "created_at"]
@@ -132,6 +132,13 @@ def test_import_rejects_bad_fields_naming_them() -> None:
     assert bad(lambda d: d["messages"][4]["tool_calls"][0].update(arguments="x")) == \
         "messages[4].tool_calls[0].arguments: expected object, got string"
     assert bad(lambda d: d["messages"][3]["images"][0].pop("data")) == "messages[3].images[0].data: required"
+    assert bad(lambda d: d["messages"][2].update(served_by="demo")) == \
+        "messages[2].served_by: expected object or null, got string"
+    assert bad(lambda d: d["messages"][2].update(served_by={"provider": "demo", "model": 7,
+                                                            "route_kind": "default"})) == \
+        "messages[2].served_by.model: expected string, got integer"
+    assert bad(lambda d: d["messages"][2].update(served_by={"provider": "demo", "model": "m"})) == \
+        "messages[2].served_by.route_kind: required"
     assert bad(lambda d: d["messages"][5].update(id=d["messages"][0]["id"])).startswith(
         "messages[5].id: duplicate")
     assert bad(lambda d: d["calls"][1].update(input_tokens=True)) == \

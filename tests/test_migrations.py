@@ -100,14 +100,15 @@ def versions(database: Database) -> list[int]:
 
 
 def test_migrations_record_each_version_once(database: Database) -> None:
-    assert database.migrate() == SHIPPED == [1, 2, 3, 4, 5, 6, 7]
+    assert database.migrate() == SHIPPED == [1, 2, 3, 4, 5, 6, 7, 8]
     assert database.migrate() == []
     recorded = database.rows("SELECT version, name FROM schema_migrations ORDER BY version")
     assert [row[:2] for row in recorded] == \
         [(1, "sessions, messages and calls"), (2, "message times, versions and thinking; trims"),
          (3, "windows learned from overflow errors"), (4, "session search"), (5, "transcript notices"),
          (6, "search index skips streaming checkpoints"),
-         (7, "accounts: users, sign-ins, API tokens, session owners")]
+         (7, "accounts: users, sign-ins, API tokens, session owners"),
+         (8, "the route each reply was written by")]
 
 
 def test_migrations_the_real_ones_apply_in_order(database: Database) -> None:

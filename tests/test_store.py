@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from server.errors import ConfigError, SessionExists, UnknownSession
-from server.history.messages import ChatMessage, Image, ToolCall
+from server.history.messages import ChatMessage, Image, ServedBy, ToolCall
 from server.store.backends import open_store
 from server.store.base import CallRecord, Clock, Store, StoredSession, message_to_data
 from server.store.migrations import MIGRATIONS
@@ -71,10 +71,11 @@ def every_field_messages() -> list[ChatMessage]:
         ChatMessage("user", "look ✓", images=[Image("image/png", "aGVsbG8=")], turn_id="t1",
                     left_out="trimmed"),
         ChatMessage("assistant", "", tool_calls=[ToolCall("c1", "search", {"q": "x", "n": [1, 2]})],
-                    turn_id="t1", left_out="compacted"),
+                    turn_id="t1", left_out="compacted", served_by=ServedBy("demo", "demo-small", "default")),
         ChatMessage("tool", "result", tool_call_id="c1", name="search", turn_id="t1",
                     images=[Image("image/jpeg", "/9j/")]),
-        ChatMessage("assistant", "half a rep", turn_id="t1", interrupted=True),
+        ChatMessage("assistant", "half a rep", turn_id="t1", interrupted=True,
+                    served_by=ServedBy("openai", "gpt/4", "hint", "code")),
     ]
 
 
@@ -409,9 +410,9 @@ async def test_store_reads_a_version_1_file_and_writes_the_same_rows(tmp_path: P
     await store.close()
     with sqlite3.connect(tmp_path / FILE_NAME) as raw:
         rows = raw.execute("SELECT * FROM messages WHERE session_id = 'copy' ORDER BY position").fetchall()
-    # The columns added since version 1 (created_at, replaces, thinking) follow, empty on a
-    # version-1 message.
-    added = (None, None, None)
+    # The columns added since version 1 (created_at, replaces, thinking, served_by) follow, empty
+    # on a version-1 message.
+    added = (None, None, None, None)
     assert [row[1:2] + row[3:] for row in rows] == [row[1:2] + row[3:] + added for row in VERSION_1_ROWS]
 
 

@@ -38,6 +38,18 @@ class Image:
     data: str  # base64, as it came from the client
 
 
+@dataclass(frozen=True)
+class ServedBy:
+    """On a reply: the route its provider call was sent to, as that call's ``route`` frame named it.
+    Kept with the message, so a reply whose call never ended (stopped, failed, or cut short by a
+    crash, when no call record is written) still says which model wrote it."""
+
+    provider: str
+    model: str
+    route_kind: str
+    hint: str | None = None
+
+
 def _new_id() -> str:
     return uuid.uuid4().hex
 
@@ -65,6 +77,7 @@ class ChatMessage:
     created_at: str | None = None  # ISO-8601 UTC, stamped by the session when it joins the transcript
     replaces: str | None = None  # on a user message: the turn it replaces (a retry, an edit)
     thinking: str | None = None  # on a reply: the model's reasoning as streamed (never sent back)
+    served_by: ServedBy | None = None  # on a reply: the route of the call that wrote it
     id: str = field(default_factory=_new_id)
     _text_tokens: int | None = field(default=None, repr=False)
 

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 from server.config.settings import ProviderProfile, Settings
 from server.errors import ConfigError, UnknownRoute
 from server.history.budget import effective_context_budget
+from server.history.messages import ServedBy
 from server.locks import KeyedLock
 from server.providers.base import Provider
 from server.routing.calibration import Calibrations
@@ -76,6 +77,10 @@ class Route:
         if self.hint is not None:
             body["hint"] = self.hint
         return body
+
+    def served_by(self) -> ServedBy:
+        """The same, kept on the reply this route's call writes."""
+        return ServedBy(self.provider, self.model, self.kind, self.hint)
 
 
 class WindowMemory(Protocol):

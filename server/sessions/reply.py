@@ -13,6 +13,8 @@ writer never touches a session, a socket or a store, so it is tested with plain 
 
 ``began`` is when the current provider call began (its ``route`` frame's ``created_at``): the
 message's ``created_at``, so the time the live page showed from that frame is the one a reload shows.
+``served_by`` is the route that call was sent to, kept on the message from its first checkpoint: a
+reply whose call never ended (a crash: no call record) still says which model wrote it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import enum
 import time
 from collections.abc import Callable, Sequence
 
-from server.history.messages import ChatMessage, ToolCall
+from server.history.messages import ChatMessage, ServedBy, ToolCall
 
 
 class Step(enum.Enum):
@@ -44,6 +46,7 @@ class ReplyWriter:
         self._thinking: list[str] = []
         self._flushed_at = 0.0
         self.began: str | None = None
+        self.served_by: ServedBy | None = None
 
     @property
     def joined(self) -> bool:
@@ -55,7 +58,7 @@ class ReplyWriter:
         if self._message is None:
             # Interrupted until finished: a crash mid-reply leaves it marked so in the store.
             self._message = ChatMessage("assistant", "", turn_id=self.turn_id, interrupted=True,
-                                        created_at=self.began)
+                                        created_at=self.began, served_by=self.served_by)
             self._flushed_at = self._clock()
             return Step.JOIN
         if self._clock() - self._flushed_at >= self.flush_seconds:
@@ -94,7 +97,8 @@ class ReplyWriter:
         message = self.current()
         if message is None and tool_calls:
             message = ChatMessage("assistant", "", turn_id=self.turn_id,
-                                  thinking="".join(self._thinking) or None, created_at=self.began)
+                                  thinking="".join(self._thinking) or None, created_at=self.began,
+                                  served_by=self.served_by)
         self._message, self._text, self._parts, self._thinking = None, "", [], []
         if message is None:
             return None

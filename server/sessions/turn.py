@@ -242,6 +242,7 @@ class Turn:
         messages, reading = await self.prepare(final, reading)
         self.sent = reading
         self.writer.began = utc_now()  # the reply's time: when its call began, as the route frame says
+        self.writer.served_by = self.route.served_by()
         announce = CallFrames(self.session, self.route, self.turn_id, self.writer.began, reading)
         provider = self.rt.providers[self.route.provider]
         limits = ReplyLimits(self.options.max_reply_chars, self.options.max_tool_argument_chars)

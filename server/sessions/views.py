@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote
 
-from server.history.messages import ChatMessage, stored_marks
+from server.history.messages import ChatMessage, ServedBy, stored_marks
 from server.protocol import PROTOCOL_VERSION, server_frame
 from server.sessions.channel import Frame
 from server.sessions.session import Session
@@ -79,6 +79,14 @@ def message_view(message: ChatMessage, session_id: str = "") -> dict[str, Any]:
     return view
 
 
+def served_view(served: ServedBy) -> dict[str, str]:
+    """``{provider, model, route_kind, hint?}``, as a ``route`` frame and a call's route say it."""
+    view = {"provider": served.provider, "model": served.model, "route_kind": served.route_kind}
+    if served.hint is not None:
+        view["hint"] = served.hint
+    return view
+
+
 def turn_usage(calls: Iterable[CallRecord]) -> dict[str, tuple[dict[str, str], Usage]]:
     """turn_id -> (its route, its summed usage), the figures the live ``route`` and ``done`` gave."""
     turns: dict[str, tuple[dict[str, str], Usage]] = {}
@@ -123,6 +131,8 @@ def transcript_views(session: Session, start: int = 0, end: int | None = None) -
                 view["usage"] = summed
         elif message.role == "assistant" and live_route and message.turn_id == running:
             view["route"] = live_route
+        elif message.served_by is not None:  # its call was never recorded: stopped, failed, a crash
+            view["route"] = served_view(message.served_by)
         views.append(view)
     return views
 

@@ -22,7 +22,7 @@ ISO-8601 UTC strings with microseconds, so they sort as text.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 from datetime import UTC, datetime, timedelta
 from types import UnionType
 from typing import Any, Protocol, Union, get_args, get_origin, get_type_hints
@@ -152,6 +152,14 @@ def _item_type(hint: Any) -> type | None:
     return None
 
 
+def _object_type(hint: Any) -> type | None:
+    """``X`` for an ``X | None`` field whose ``X`` is a dataclass: kept as one JSON object."""
+    for option in type_options(hint):
+        if is_dataclass(option) and isinstance(option, type):
+            return option
+    return None
+
+
 # ``left_out`` is kept as version 1 spelled it, a ``trimmed`` flag and an ``excluded`` reason in its
 # place (``history.stored_marks``), so the files and exports written before read the same.
 LEFT_OUT_AS: dict[str, Any] = {"trimmed": bool, "excluded": str | None}
@@ -176,7 +184,11 @@ MESSAGE_FIELDS: tuple[str, ...] = tuple(MESSAGE_HINTS)
 MESSAGE_FLAGS = frozenset(name for name, hint in MESSAGE_HINTS.items() if hint is bool)
 MESSAGE_LISTS: dict[str, type] = {name: kind for name, hint in MESSAGE_HINTS.items()
                                   if (kind := _item_type(hint)) is not None}
-_ITEM_FIELDS = {kind: tuple(f.name for f in fields(kind)) for kind in MESSAGE_LISTS.values()}
+MESSAGE_OBJECTS: dict[str, type] = {name: kind for name, hint in MESSAGE_HINTS.items()
+                                    if (kind := _object_type(hint)) is not None}
+MESSAGE_JSON: tuple[str, ...] = (*MESSAGE_LISTS, *MESSAGE_OBJECTS)  # JSON text in a SQLite column
+_ITEM_FIELDS = {kind: tuple(f.name for f in fields(kind))
+                for kind in (*MESSAGE_LISTS.values(), *MESSAGE_OBJECTS.values())}
 CALL_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CallRecord))
 
 
@@ -188,6 +200,9 @@ def message_to_data(message: ChatMessage) -> dict[str, Any]:
         if data[name] is not None:
             names = _ITEM_FIELDS[kind]
             data[name] = [{key: getattr(item, key) for key in names} for item in data[name]]
+    for name, kind in MESSAGE_OBJECTS.items():
+        if data[name] is not None:
+            data[name] = {key: getattr(data[name], key) for key in _ITEM_FIELDS[kind]}
     return data
 
 
@@ -199,6 +214,9 @@ def message_from_data(data: Mapping[str, Any]) -> ChatMessage:
     for name, kind in MESSAGE_LISTS.items():
         if values.get(name) is not None:
             values[name] = [kind(**item) for item in values[name]]
+    for name, kind in MESSAGE_OBJECTS.items():
+        if values.get(name) is not None:
+            values[name] = kind(**values[name])
     for name in MESSAGE_FLAGS & values.keys():
         values[name] = bool(values[name])
     values["left_out"] = left_out_from(bool(data.get("trimmed")), data.get("excluded"))

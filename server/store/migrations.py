@@ -195,6 +195,13 @@ ALTER TABLE sessions ADD COLUMN IF NOT EXISTS owner_id TEXT;
 CREATE INDEX IF NOT EXISTS sessions_owner ON sessions (owner_id, updated_at);
 """
 
+# Version 8: a reply keeps the route its call was sent to (``ChatMessage.served_by``). The call's
+# record says so only once the call ends; a reply cut short by a crash had no record and showed no
+# model after the restart. PostgreSQL keeps a message as one JSON document: nothing to add there.
+_SQLITE_8 = """
+ALTER TABLE messages ADD COLUMN served_by TEXT;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "sessions, messages and calls", _SQLITE_1, _POSTGRES_1),
     Migration(2, "message times, versions and thinking; trims", _SQLITE_2, _POSTGRES_2),
@@ -203,6 +210,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "transcript notices", _SQLITE_5, _POSTGRES_5),
     Migration(6, "search index skips streaming checkpoints", _SQLITE_6, ""),
     Migration(7, "accounts: users, sign-ins, API tokens, session owners", _SQLITE_7, _POSTGRES_7),
+    Migration(8, "the route each reply was written by", _SQLITE_8, ""),
 )
 
 _RECORDS = ("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, "

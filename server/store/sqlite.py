@@ -29,7 +29,8 @@ import json
 import sqlite3
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
+from dataclasses import fields
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -41,7 +42,9 @@ from server.store.base import (
     CALL_FIELDS,
     MESSAGE_FIELDS,
     MESSAGE_FLAGS,
+    MESSAGE_JSON,
     MESSAGE_LISTS,
+    MESSAGE_OBJECTS,
     CallRecord,
     Clock,
     SessionSummary,
@@ -60,8 +63,8 @@ T = TypeVar("T")
 
 # The tables are the migrations' (``server.store.migrations``: version 1 is the schema written before
 # migrations, verbatim; a new field needs a new migration). The message columns are the codec's
-# (``server.store.base.MESSAGE_FIELDS``: flags as INTEGER 0/1, lists as JSON TEXT); the test that reads
-# a version-1 file holds the two together.
+# (``server.store.base.MESSAGE_FIELDS``: flags as INTEGER 0/1, lists and objects as JSON TEXT); the
+# test that reads a version-1 file holds the two together.
 _FIELDS = MESSAGE_FIELDS[1:]  # the columns after (session_id, id, position)
 _INSERT = (f"INSERT INTO messages (session_id, id, position, {', '.join(_FIELDS)}) "
            f"VALUES ({', '.join('?' * (len(_FIELDS) + 3))})")
@@ -87,11 +90,20 @@ def _json(value: Any) -> str | None:
     return None if value is None else json.dumps(value, ensure_ascii=False)
 
 
+@lru_cache(maxsize=256)
+def _object_json(value: Any) -> str | None:
+    """A frozen dataclass field (a reply's ``served_by``) as JSON text: one encoding for all the
+    checkpoints of a reply, and of every reply its route writes."""
+    return None if value is None else _json({f.name: getattr(value, f.name) for f in fields(value)})
+
+
 def _row(message: ChatMessage) -> Row:
     """(id, *fields) of ``message``; built on the caller's thread."""
     data = message_to_data(message)
     for name in MESSAGE_LISTS:
         data[name] = _json(data[name])
+    for name in MESSAGE_OBJECTS:
+        data[name] = _object_json(getattr(message, name))
     for name in MESSAGE_FLAGS:
         data[name] = int(data[name])
     return tuple(data.values())
@@ -99,7 +111,7 @@ def _row(message: ChatMessage) -> Row:
 
 def _message(row: Row) -> ChatMessage:
     data = dict(zip(MESSAGE_FIELDS, row, strict=True))
-    for name in MESSAGE_LISTS:
+    for name in MESSAGE_JSON:
         if data[name] is not None:
             data[name] = json.loads(data[name])
     return message_from_data(data)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, fields, is_dataclass
 from typing import Any, get_origin, get_type_hints
 
 from server.errors import ImportRejected
@@ -37,6 +37,7 @@ from server.protocol import NOTICE_CODES, SERVER_FRAMES, TRIM_REASONS, echo, fie
 from server.store.base import (
     MESSAGE_HINTS,
     MESSAGE_LISTS,
+    MESSAGE_OBJECTS,
     CallRecord,
     StoredSession,
     call_to_data,
@@ -55,9 +56,10 @@ Fields = Mapping[str, tuple[tuple[type, ...], bool]]  # field -> (accepted types
 
 
 def _accepted(hint: Any) -> tuple[type, ...]:
-    """The JSON types a field of this type hint accepts: ``list[X] | None`` is (list, NoneType),
-    and a float accepts an integer."""
-    kinds = tuple(get_origin(option) or option for option in type_options(hint))
+    """The JSON types a field of this type hint accepts: ``list[X] | None`` is (list, NoneType), a
+    dataclass is an object (dict), and a float accepts an integer."""
+    kinds = tuple(dict if is_dataclass(option) else get_origin(option) or option
+                  for option in type_options(hint))
     return (int, *kinds) if float in kinds else kinds
 
 
@@ -80,6 +82,7 @@ ECHO_KEY_CHARS = 100  # a field name quoted back in an error: an answer never gr
 _MESSAGE_FIELDS = _table(MESSAGE_HINTS, {"id"} | _required(ChatMessage))  # every message names its id
 _TOOL_CALL_FIELDS = _table_of(MESSAGE_LISTS["tool_calls"])
 _IMAGE_FIELDS = _table_of(MESSAGE_LISTS["images"])
+_SERVED_FIELDS = _table_of(MESSAGE_OBJECTS["served_by"])
 _CALL_FIELDS = _table_of(CallRecord)
 _SESSION_FIELDS: Fields = {
     "format": (_STR, True), "version": (_INT, True), "id": (_OPT_STR, False), "title": (_STR, True),
@@ -144,6 +147,8 @@ def _message(item: Any, path: str) -> ChatMessage:
         _check_object(call, f"{path}.tool_calls[{i}]", _TOOL_CALL_FIELDS)
     for i, image in enumerate(item.get("images") or []):
         _check_object(image, f"{path}.images[{i}]", _IMAGE_FIELDS)
+    if item.get("served_by") is not None:
+        _check_object(item["served_by"], f"{path}.served_by", _SERVED_FIELDS)
     return message_from_data(item)
 
 
