@@ -6,20 +6,16 @@ from __future__ import annotations
 
 import base64
 import json
-import sqlite3
-from contextlib import closing
 from typing import Any
 
 import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from server.store.sqlite import FILE_NAME
 from tests.support import (
     SHORT_REPLY,
     client,
     of_type,
-    run_server,
     serve,
     settings_for,
     slow_settings,
@@ -204,29 +200,3 @@ async def test_an_image_is_served_from_the_store_after_a_restart(tmp_path):
             got = await http.get(url)
     assert got.status_code == 200 and got.content == base64.b64decode(PNG)
     assert got.headers["content-type"] == "image/webp"
-
-
-async def test_a_reply_cut_short_by_a_crash_keeps_its_route(tmp_path):
-    """SIGKILL mid-reply: the restarted server shows what its checkpoints wrote, stopped, and which
-    route was writing it (the call's record, written when a call ends, never came)."""
-    config = tmp_path / "meterchat.toml"
-    config.write_text(f'[server]\ndata_dir = "{(tmp_path / "data").as_posix()}"\n'
-                      '[providers.demo]\nkind = "demo"\nmodel = "demo-small"\ncontext_window = 4096\n'
-                      'delay_ms = 30\n')
-    with run_server(config) as running:
-        async with client(running.address) as c:
-            await c.hello()
-            await c.start_turn(SHORT_REPLY)
-            database = sqlite3.connect(tmp_path / "data" / FILE_NAME)  # read only, beside the server
-            with closing(database):
-                while not database.execute("SELECT 1 FROM messages WHERE role = 'assistant' "
-                                           "AND content != ''").fetchone():
-                    await c.recv()  # a chunk more, until a checkpoint has written the reply
-            assert running.process is not None
-            running.process.kill()
-            running.process.wait()
-    with run_server(config) as running:
-        history = await reopened(running.address, c.session_id)
-    reply = history["messages"][-1]
-    assert reply["role"] == "assistant" and reply["content"] and reply["interrupted"] is True
-    assert reply["route"] == DEMO_ROUTE

@@ -105,6 +105,9 @@ async def test_sigkill_mid_stream_loses_no_user_message(tmp_path):
     assert users == ["echo first answer", "hello"]
     assert replies[0]["content"] == "first answer" and replies[0]["interrupted"] is False
     assert replies[1]["interrupted"] is True
+    # Its call was never recorded (a call's record is written when it ends): the reply says itself
+    # which route wrote it.
+    assert replies[1]["route"] == {"provider": "demo", "model": "demo-small", "route_kind": "default"}
     streamed = text_of(seen)
     assert replies[1]["content"] and streamed.startswith(replies[1]["content"][: len(streamed) // 2])
 
