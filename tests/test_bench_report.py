@@ -32,3 +32,15 @@ def test_a_relay_that_held_no_n_gives_a_lower_bound() -> None:
     by_n = {200: _n(200, 300.0, 20.0), 400: _n(400, 700.0, 60.0)}
     line = held_within(by_n, 100)
     assert "relay none; meterchat 400; meterchat / bare relay: more than 2.00x" in line
+
+
+def test_a_pass_above_a_failure_does_not_count() -> None:
+    # Noise: meterchat failed at 300 and passed at 500; it held 200, not 500.
+    by_n = {200: _n(200, 80.0, 20.0), 300: _n(300, 400.0, 130.0), 500: _n(500, 900.0, 90.0)}
+    assert "relay 200; meterchat 200; meterchat / bare relay: 1.00x" in held_within(by_n, 100)
+
+
+def test_without_the_direct_path_there_is_no_added_delay_to_judge() -> None:
+    by_n = {200: _n(200, 80.0, 20.0), 300: _n(300, 90.0, 30.0)}
+    del by_n[300]["direct"]
+    assert held_within(by_n, 100) == ""

@@ -57,7 +57,8 @@ def table(title: str, results: dict[str, dict[str, Any]]) -> str:
         if r.get("by_second"):
             lines.append(f"  {name} p99 ms by second of the run (received): "
                          + " ".join(f"{p99:.0f}" for p99 in r["by_second"])
-                         + (f"; host steal {r['steal_pct']:.1f} %" if r.get("steal_pct") is not None else ""))
+                         + (f"; host steal {r['steal_pct']:.1f} % ({r['steal_of']})"
+                            if r.get("steal_pct") is not None else ""))
         if r.get("rss_mib"):
             lines += rss.describe(name, r)
         if r.get("side_cpu_per_1k"):
@@ -104,17 +105,24 @@ def ratio(a: float, b: float) -> str:
 
 def held_within(by_n: dict[int, dict[str, dict[str, Any]]], bound_ms: float) -> str:
     """After several N: the most streams each path held with every reply finished and its added p99
-    at most ``bound_ms`` (the most streams per core at that p99 when the server is pinned), and
-    meterchat's figure against the relay's. A path held nothing when no N met both."""
+    at most ``bound_ms``, at that N and every smaller one tried (a noisy pass above a failure does
+    not count): with a pinned server, the most streams per core at that p99. Then meterchat's figure
+    against the relay's. Empty when some N has no direct path to add the delay over."""
+    if any("direct" not in results for results in by_n.values()):
+        return ""
     held: dict[str, int | None] = {}
+    failed: set[str] = set()
     for n, results in sorted(by_n.items()):
-        floor = ((results.get("direct") or {}).get("delay") or {}).get("p99", 0.0)
+        floor = (results["direct"].get("delay") or {}).get("p99", 0.0)
         for name, r in results.items():
             if name == "direct":
                 continue
+            held.setdefault(name, None)
             added = (r["delay"] or {}).get("p99", float("inf")) - floor
-            ok = r["finished"] == r["sessions"] and added <= bound_ms
-            held[name] = max(n, held.get(name) or 0) if ok else held.get(name)
+            if r["finished"] != r["sessions"] or added > bound_ms:
+                failed.add(name)
+            elif name not in failed:
+                held[name] = n
     sizes = ", ".join(str(n) for n in sorted(by_n))
     parts = [f"{name} {count if count else 'none'}" for name, count in held.items()]
     line = f"\nstreams held with +p99 <= {bound_ms:g} ms, of N = {sizes}: " + "; ".join(parts)

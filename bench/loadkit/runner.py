@@ -188,9 +188,10 @@ class Bench:
         abuse = bool(plan.get("abuse")) and path == "meterchat"  # the relay speaks too little protocol
         cpu0 = cluster.side_cpu(served)
         counters0 = cluster.redis_counters(served.redis_port) if served.redis_port else None
-        stolen0 = stolen()
+        core = "cpu0" if self.args.pin else "cpu"  # pinned: the server's core alone
+        stolen0 = stolen(core)
         result = self.clients({**plan, "kind": kind, "host": served.host, "abuse": abuse}, pids)
-        result["steal_pct"] = stolen().since(stolen0)
+        result["steal_pct"], result["steal_of"] = stolen(core).since(stolen0), core
         if served.side:
             result.update(cluster.side_figures(served, cpu0, counters0, result["received"]))
         if path == "meterchat" and "rss_base" in result:  # the warm-up's session stays in memory too
@@ -238,8 +239,8 @@ def measure_all(args: argparse.Namespace) -> None:
             results = by_n[n] = bench.measure(paths, paced_plan(args, n))
             print(table(f"\n{n} sessions x {args.rate} tokens/s, {args.seconds:g} s replies "
                         f"(machine load average {load} -> {loadavg()})", results), flush=True)
-        if len(by_n) > 1:
-            print(held_within(by_n, args.within), flush=True)
+        if len(by_n) > 1 and (held := held_within(by_n, args.within)):
+            print(held, flush=True)
         for concurrency in numbers(args.first_chunk):
             plan = first_chunk_plan(concurrency, args.quick)
             load = loadavg()
@@ -273,10 +274,12 @@ class Ticks(NamedTuple):
         return 100 * (self.steal - before.steal) / total if total > 0 else None
 
 
-def stolen() -> Ticks:
-    """/proc/stat's steal and total ticks of all cores: a virtual machine's noise, which delays
-    every path alike (the hour the VM runs in moves the p99 by tens of ms)."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+def stolen(core: str = "cpu") -> Ticks:
+    """/proc/stat's steal and total ticks of ``core`` (``cpu``: all of them): a virtual machine's
+    noise, which delays every path alike (the hour the VM runs in moves the p99 by tens of ms)."""
+    line = next(line for line in Path("/proc/stat").read_text().splitlines()
+                if line.split(maxsplit=1)[0] == core)
+    fields = [int(v) for v in line.split()[1:]]
     total = sum(fields[:8])  # guest time is counted in user time already
     return Ticks(fields[7] if len(fields) > 7 else 0, total)
 

@@ -4,7 +4,9 @@ A message's view is what the page needs to draw it as the live page showed it: l
 are clipped here (the store and the exports keep them whole); images are URLs to fetch
 (``image_url``), never inlined; each reply carries its turn's route, and the turn's last reply its
 usage and cost (joined from the calls the store records per turn; a reply whose turn is still in its
-first call takes the route of that call's ``route`` frame); a reply still being written is marked
+first call takes the route of that call's ``route`` frame; a reply whose call was never recorded,
+stopped, failed or cut short by a crash, the route it kept itself, ``served_by``, which also gives a
+hinted reply its hint back); a reply still being written is marked
 ``streaming``. The ``history`` frame also carries the session's trims and its other lines
 (errors, notices, switches: ``server.sessions.notices``), so they come back where they happened.
 
@@ -125,13 +127,14 @@ def transcript_views(session: Session, start: int = 0, end: int | None = None) -
             view["streaming"] = True  # still being written: "interrupted" until it ends, as stored
         if message.role == "assistant" and message.turn_id in usage:
             route, summed = usage[message.turn_id]
-            view["route"] = route
+            # A turn keeps its route for all its calls; the reply's own says the hint as well.
+            view["route"] = served_view(message.served_by) if message.served_by else route
             finished = message.turn_id != running and not message.interrupted
             if finished and last[message.turn_id] is message:
                 view["usage"] = summed
         elif message.role == "assistant" and live_route and message.turn_id == running:
             view["route"] = live_route
-        elif message.served_by is not None:  # its call was never recorded: stopped, failed, a crash
+        elif message.role == "assistant" and message.served_by is not None:  # no call recorded
             view["route"] = served_view(message.served_by)
         views.append(view)
     return views

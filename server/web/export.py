@@ -5,7 +5,8 @@ JSON shape (``version`` 1)::
 
     {"format": "meterchat.session", "version": 1, "id", "title", "route", "created_at",
      "updated_at", "messages": [{id, role, content, tool_calls, tool_call_id, images, name,
-     breadcrumb, summary, trimmed, excluded, interrupted, turn_id}], "calls": [{turn_id, provider,
+     breadcrumb, summary, trimmed, excluded, interrupted, turn_id, created_at?, replaces?,
+     thinking?, served_by?: {provider, model, route_kind, hint}}], "calls": [{turn_id, provider,
      model, route_kind, input_tokens, output_tokens, tokens_source, cost_usd, created_at}],
      "trims": [{history_trimmed fields, created_at, after_message_id?}],
      "notices": [{type, the frame's fields, created_at, after_message_id}]}
