@@ -79,23 +79,27 @@ async def test_replies_carry_their_route_and_the_turn_usage_and_cost(tmp_path):
             await c.hello()
             plain = await c.say("echo hello there")
             tools = await c.say("please look up paper moon")
+            hinted = await c.say("/hint nothing echo hinted")
             session_id = c.session_id
     with serve(settings) as address:
         history = await reopened(address, session_id)
     replies = [m for m in history["messages"] if m["role"] == "assistant"]
     route = {"provider": "demo", "model": "demo-small", "route_kind": "default"}
-    assert [m["route"] for m in replies] == [route] * len(replies)
-    for frames, reply in ((plain, replies[0]), (tools, replies[-1])):
+    # a hinted turn's reply says its hint too, as its route frame did
+    assert of_type(hinted, "route")[0]["hint"] == "nothing"
+    assert [m["route"] for m in replies] == [route] * (len(replies) - 1) + [
+        {**route, "route_kind": "fallback", "hint": "nothing"}]
+    for frames, reply in ((plain, replies[0]), (tools, replies[2])):
         done = of_type(frames, "done")[0]
         usage = reply["usage"]
         assert (usage["input_tokens"], usage["output_tokens"], usage["last_input_tokens"]) == \
             (done["input_tokens"], done["output_tokens"], done["last_input_tokens"])
         assert usage["cost_usd"] == pytest.approx(done["cost_usd"])
         assert reply["created_at"] == done["created_at"]
-    assert replies[0]["usage"]["calls"] == 1 and replies[-1]["usage"]["calls"] == 2
+    assert replies[0]["usage"]["calls"] == 1 and replies[2]["usage"]["calls"] == 2
     assert "usage" not in replies[1]  # the reply that asked for the tool: its turn goes on
     thinking = "".join(f["content"] for f in of_type(tools, "thinking"))
-    assert thinking and "".join(m.get("thinking", "") for m in replies[1:]) == thinking
+    assert thinking and "".join(m.get("thinking", "") for m in replies[1:3]) == thinking
     call = replies[1]["tool_calls"][0]
     result = next(m for m in history["messages"] if m.get("tool_call_id") == call["id"])
     assert result["content"] == of_type(tools, "tool_result")[0]["output"]
