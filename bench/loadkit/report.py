@@ -57,8 +57,7 @@ def table(title: str, results: dict[str, dict[str, Any]]) -> str:
         if r.get("by_second"):
             lines.append(f"  {name} p99 ms by second of the run (received): "
                          + " ".join(f"{p99:.0f}" for p99 in r["by_second"])
-                         + (f"; host steal {r['steal_pct']:.1f} % ({r['steal_of']})"
-                            if r.get("steal_pct") is not None else ""))
+                         + steal(r.get("steal") or {}))
         if r.get("rss_mib"):
             lines += rss.describe(name, r)
         if r.get("side_cpu_per_1k"):
@@ -69,6 +68,12 @@ def table(title: str, results: dict[str, dict[str, Any]]) -> str:
         for kind, outcome in (r.get("abuse") or {}).items():
             lines.append(f"  {name} abuse {kind}: {outcome}")
     return "\n".join(lines)
+
+
+def steal(shares: dict[str, float | None]) -> str:
+    """The host's steal during the path: "; host steal 0.4 % (cpu0), 1.2 % (cpu1), 0.8 % (cpu)"."""
+    parts = [f"{share:.1f} % ({core})" for core, share in shares.items() if share is not None]
+    return f"; host steal {', '.join(parts)}" if parts else ""
 
 
 def side(r: dict[str, Any]) -> str:

@@ -188,10 +188,11 @@ class Bench:
         abuse = bool(plan.get("abuse")) and path == "meterchat"  # the relay speaks too little protocol
         cpu0 = cluster.side_cpu(served)
         counters0 = cluster.redis_counters(served.redis_port) if served.redis_port else None
-        core = "cpu0" if self.args.pin else "cpu"  # pinned: the server's core alone
-        stolen0 = stolen(core)
+        cores = ("cpu0", "cpu1", "cpu") if self.args.pin else ("cpu",)  # pinned: server, load, all
+        stolen0 = [stolen(core) for core in cores]
         result = self.clients({**plan, "kind": kind, "host": served.host, "abuse": abuse}, pids)
-        result["steal_pct"], result["steal_of"] = stolen(core).since(stolen0), core
+        result["steal"] = {core: stolen(core).since(before)
+                           for core, before in zip(cores, stolen0, strict=True)}
         if served.side:
             result.update(cluster.side_figures(served, cpu0, counters0, result["received"]))
         if path == "meterchat" and "rss_base" in result:  # the warm-up's session stays in memory too
