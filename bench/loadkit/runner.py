@@ -277,9 +277,13 @@ class Ticks(NamedTuple):
 
 def stolen(core: str = "cpu") -> Ticks:
     """/proc/stat's steal and total ticks of ``core`` (``cpu``: all of them): a virtual machine's
-    noise, which delays every path alike (the hour the VM runs in moves the p99 by tens of ms)."""
-    line = next(line for line in Path("/proc/stat").read_text().splitlines()
-                if line.split(maxsplit=1)[0] == core)
+    noise, which delays every path alike (the hour the VM runs in moves the p99 by tens of ms). No
+    such line (no /proc, no such core): no ticks, so no share is printed."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return Ticks(0, 0)
+    line = next((line for line in lines if line.split(maxsplit=1)[:1] == [core]), "")
     fields = [int(v) for v in line.split()[1:]]
     total = sum(fields[:8])  # guest time is counted in user time already
     return Ticks(fields[7] if len(fields) > 7 else 0, total)
