@@ -49,6 +49,13 @@ class ServedBy:
     route_kind: str
     hint: str | None = None
 
+    def fields(self) -> dict[str, Any]:
+        """``{provider, model, route_kind, hint?}``: a ``route`` frame's body, a reply's route."""
+        body: dict[str, Any] = {"provider": self.provider, "model": self.model, "route_kind": self.route_kind}
+        if self.hint is not None:
+            body["hint"] = self.hint
+        return body
+
 
 def _new_id() -> str:
     return uuid.uuid4().hex

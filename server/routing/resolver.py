@@ -73,13 +73,10 @@ class Route:
 
     def fields(self) -> dict[str, Any]:
         """``{provider, model, route_kind, hint?}``: the body of a ``route`` frame."""
-        body: dict[str, Any] = {"provider": self.provider, "model": self.model, "route_kind": self.kind}
-        if self.hint is not None:
-            body["hint"] = self.hint
-        return body
+        return self.served_by().fields()
 
     def served_by(self) -> ServedBy:
-        """The same, kept on the reply this route's call writes."""
+        """This route as the reply its call writes keeps it."""
         return ServedBy(self.provider, self.model, self.kind, self.hint)
 
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote
 
-from server.history.messages import ChatMessage, ServedBy, stored_marks
+from server.history.messages import ChatMessage, stored_marks
 from server.protocol import PROTOCOL_VERSION, server_frame
 from server.sessions.channel import Frame
 from server.sessions.session import Session
@@ -81,14 +81,6 @@ def message_view(message: ChatMessage, session_id: str = "") -> dict[str, Any]:
     return view
 
 
-def served_view(served: ServedBy) -> dict[str, str]:
-    """``{provider, model, route_kind, hint?}``, as a ``route`` frame and a call's route say it."""
-    view = {"provider": served.provider, "model": served.model, "route_kind": served.route_kind}
-    if served.hint is not None:
-        view["hint"] = served.hint
-    return view
-
-
 def turn_usage(calls: Iterable[CallRecord]) -> dict[str, tuple[dict[str, str], Usage]]:
     """turn_id -> (its route, its summed usage), the figures the live ``route`` and ``done`` gave."""
     turns: dict[str, tuple[dict[str, str], Usage]] = {}
@@ -128,14 +120,14 @@ def transcript_views(session: Session, start: int = 0, end: int | None = None) -
         if message.role == "assistant" and message.turn_id in usage:
             route, summed = usage[message.turn_id]
             # A turn keeps its route for all its calls; the reply's own says the hint as well.
-            view["route"] = served_view(message.served_by) if message.served_by else route
+            view["route"] = message.served_by.fields() if message.served_by else route
             finished = message.turn_id != running and not message.interrupted
             if finished and last[message.turn_id] is message:
                 view["usage"] = summed
         elif message.role == "assistant" and live_route and message.turn_id == running:
             view["route"] = live_route
         elif message.role == "assistant" and message.served_by is not None:  # no call recorded
-            view["route"] = served_view(message.served_by)
+            view["route"] = message.served_by.fields()
         views.append(view)
     return views
 

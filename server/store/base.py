@@ -192,17 +192,22 @@ _ITEM_FIELDS = {kind: tuple(f.name for f in fields(kind))
 CALL_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(CallRecord))
 
 
+def object_data(value: Any) -> dict[str, Any]:
+    """A list item or an object field of a message (a ``ToolCall``, an ``Image``, a ``ServedBy``)
+    as JSON-ready data: every field, in its declared order."""
+    return {key: getattr(value, key) for key in _ITEM_FIELDS[type(value)]}
+
+
 def message_to_data(message: ChatMessage) -> dict[str, Any]:
     """Every public field of ``message`` as JSON-ready data."""
     marks: dict[str, Any] = dict(zip(LEFT_OUT_AS, stored_marks(message), strict=True))
     data = {name: marks[name] if name in marks else getattr(message, name) for name in MESSAGE_FIELDS}
-    for name, kind in MESSAGE_LISTS.items():
+    for name in MESSAGE_LISTS:
         if data[name] is not None:
-            names = _ITEM_FIELDS[kind]
-            data[name] = [{key: getattr(item, key) for key in names} for item in data[name]]
-    for name, kind in MESSAGE_OBJECTS.items():
+            data[name] = [object_data(item) for item in data[name]]
+    for name in MESSAGE_OBJECTS:
         if data[name] is not None:
-            data[name] = {key: getattr(data[name], key) for key in _ITEM_FIELDS[kind]}
+            data[name] = object_data(data[name])
     return data
 
 

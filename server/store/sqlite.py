@@ -29,7 +29,6 @@ import json
 import sqlite3
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import fields
 from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -52,6 +51,7 @@ from server.store.base import (
     call_to_data,
     message_from_data,
     message_to_data,
+    object_data,
 )
 from server.store.group import CallQueue
 from server.store.search import SQLITE, SUMMARY, search_sql
@@ -94,7 +94,7 @@ def _json(value: Any) -> str | None:
 def _object_json(value: Any) -> str | None:
     """A frozen dataclass field (a reply's ``served_by``) as JSON text: one encoding for all the
     checkpoints of a reply, and of every reply its route writes."""
-    return None if value is None else _json({f.name: getattr(value, f.name) for f in fields(value)})
+    return None if value is None else _json(object_data(value))
 
 
 def _row(message: ChatMessage) -> Row:
